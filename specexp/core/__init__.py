@@ -1,0 +1,1 @@
+"""The shared verify/resample core: pure tensor functions and the round loop."""

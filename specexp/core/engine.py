@@ -1,0 +1,164 @@
+"""The round loop: propose K -> one target pass -> verify -> commit -> rewind.
+
+The autoregressive baseline is this same loop with no draft (K = 0: each round is one
+target pass over the tip and a "bonus" token from p), so both are timed by the same code.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from transformers import PreTrainedModel
+
+from specexp.core.kv import RaggedKV
+from specexp.core.sampling import SamplingConfig, logits_to_probs
+from specexp.core.verify import speculative_verify
+from specexp.drafts.base import Context, Drafter, Proposal
+
+
+@dataclass
+class GenerationOutput:
+    """Tokens and per-round statistics of one batch. Stats are returned, never logged here."""
+
+    tokens: list[list[int]]  # generated ids per row (prompt excluded, EOS included if hit)
+    n_proposed: torch.Tensor  # [R, B] draft tokens put to the target
+    n_accepted: torch.Tensor  # [R, B] of those, accepted by the rule
+    n_emitted: torch.Tensor  # [R, B] tokens committed (accepted + resampled/bonus, cut at EOS/limit)
+    active: torch.Tensor  # [R, B] bool: row still generating in that round
+    draft_s: list[float] = field(default_factory=list)  # [R] seconds proposing
+    target_s: list[float] = field(default_factory=list)  # [R] seconds in the target pass + warp
+    verify_s: list[float] = field(default_factory=list)  # [R] seconds verifying, committing, rewinding
+    prefill_s: float = 0.0  # prompt prefill of target and draft
+    total_s: float = 0.0  # wall clock of the whole call
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> ids [B, P] and mask [B, P], padded on the left so every tip is at P-1."""
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), P, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[b, P - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _first_true(x: torch.Tensor) -> torch.Tensor:
+    """Index of the first True along the last dim [B, N] -> [B] (N where none)."""
+    N = x.shape[-1]
+    idx = torch.arange(N, device=x.device).expand_as(x)
+    return torch.where(x, idx, N).min(-1).values
+
+
+@torch.inference_mode()
+def generate(
+    target: PreTrainedModel,
+    prompts: list[list[int]],
+    drafter: Drafter | None,
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    eos_token_ids: list[int],
+    generator: torch.Generator | None = None,
+    pad_token_id: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> GenerationOutput:
+    """Decode a batch of prompts speculatively (or autoregressively when drafter is None)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt must have at least one token")
+    device = target.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    B = len(prompts)
+    vocab_size = target.config.get_text_config().vocab_size
+    k_max = drafter.k if drafter is not None else 0
+    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
+
+    start_time = clock()
+    prompt_ids, prompt_mask = left_pad(prompts, pad_token_id, device)  # [B, P]
+    P = prompt_ids.shape[1]
+    # Committed tokens; K+1 slots of slack past max_new_tokens take each round's scratch writes.
+    buf = torch.full((B, P + max_new_tokens + k_max + 1), pad_token_id, dtype=torch.long, device=device)
+    buf[:, :P] = prompt_ids
+    ctx = Context(
+        tokens=buf,
+        start=P - prompt_mask.sum(1),
+        lengths=torch.full((B,), P, dtype=torch.long, device=device),
+        done=torch.zeros(B, dtype=torch.bool, device=device),
+    )
+    generated = torch.zeros(B, dtype=torch.long, device=device)
+
+    # The target cache holds every committed token but the tip, whose logits come next round.
+    kv = RaggedKV.empty(target, B, device)
+    if P > 1:
+        kv.forward(target, prompt_ids[:, :-1], prompt_mask[:, :-1])
+    tip = prompt_ids[:, -1]  # [B]
+    if drafter is not None:
+        drafter.reset(ctx)
+    sync()
+    prefill_s = clock() - start_time
+
+    out = GenerationOutput(tokens=[], n_proposed=None, n_accepted=None, n_emitted=None, active=None)
+    logs: dict[str, list[torch.Tensor]] = {"n_proposed": [], "n_accepted": [], "n_emitted": [], "active": []}
+    while True:
+        t0 = clock()
+        # 1. Propose up to K tokens per row with their q.
+        if drafter is None:
+            proposal = Proposal.empty(B, vocab_size, device)
+        else:
+            proposal = drafter.propose(ctx, sampling, generator)
+        K = proposal.tokens.shape[1]
+        sync()
+        t1 = clock()
+
+        # 2. One target pass over [tip, x_1..x_K]: p at K+1 positions.
+        inputs = torch.cat([tip[:, None], proposal.tokens], dim=1)  # [B, K+1]
+        logits = kv.forward(target, inputs, logits_to_keep=K + 1)  # [B, K+1, V]
+        target_probs = logits_to_probs(logits, sampling)
+        sync()
+        t2 = clock()
+
+        # 3. Verify.
+        n_accepted, next_token = speculative_verify(proposal.tokens, proposal.probs, target_probs, generator)
+
+        # 4. Commit x_1..x_n then next_token, cut after an EOS and at max_new_tokens.
+        new = torch.cat([proposal.tokens, torch.zeros_like(tip)[:, None]], dim=1)  # [B, K+1]
+        new.scatter_(1, n_accepted[:, None], next_token[:, None])
+        n_emit = n_accepted + 1
+        offsets = torch.arange(K + 1, device=device)
+        is_eos = torch.isin(new, eos) & (offsets < n_emit[:, None])  # [B, K+1]
+        first_eos = _first_true(is_eos)  # [B]
+        hit_eos = first_eos <= K
+        n_emit = torch.where(hit_eos, first_eos + 1, n_emit)
+        n_emit = torch.minimum(n_emit, max_new_tokens - generated)
+        active = ~ctx.done
+        n_emit = torch.where(active, n_emit, 0)
+        buf.scatter_(1, ctx.lengths[:, None] + offsets, new)  # slots past lengths + n_emit stay scratch
+        ctx.lengths = ctx.lengths + n_emit
+        generated = generated + n_emit
+        ctx.done = ctx.done | (active & hit_eos) | (generated >= max_new_tokens)
+
+        # 5. Rewind: the target keeps tip, x_1..x_n; the draft rewinds itself.
+        kv.drop_last(K - n_accepted)
+        if drafter is not None:
+            drafter.update(ctx, proposal, n_accepted)
+        tip = next_token
+        for name, value in (("n_proposed", proposal.n_proposed), ("n_accepted", n_accepted),
+                            ("n_emitted", n_emit), ("active", active)):
+            logs[name].append(value)
+        finished = bool(ctx.done.all())  # the round's host sync
+        t3 = clock()
+        out.draft_s.append(t1 - t0)
+        out.target_s.append(t2 - t1)
+        out.verify_s.append(t3 - t2)
+        if finished:
+            break
+
+    out.total_s = clock() - start_time
+    out.prefill_s = prefill_s
+    for name, values in logs.items():
+        setattr(out, name, torch.stack(values).cpu())
+    lengths, buf = ctx.lengths.tolist(), buf.cpu()
+    out.tokens = [buf[b, P : lengths[b]].tolist() for b in range(B)]
+    return out

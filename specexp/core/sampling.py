@@ -1,0 +1,60 @@
+"""Logits -> probabilities, and sampling from them.
+
+One warp serves the target and every draft, so p and q are always comparable: the
+speculative rule is exact for the *warped* target distribution, whatever the warp.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from specexp.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy: the warp returns one-hot argmax distributions
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1.0 = off
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise UserInputError(f"sampling.temperature={self.temperature} is negative; allowed: 0 (greedy) or > 0")
+        if self.top_k < 0:
+            raise UserInputError(f"sampling.top_k={self.top_k} is negative; allowed: 0 (off) or >= 1")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserInputError(f"sampling.top_p={self.top_p} is outside (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Warp logits [..., V] into probabilities [..., V] (float32): temperature, top-k, top-p."""
+    logits = logits.float()
+    if cfg.greedy:
+        # One-hot argmax: with one-hot p and q the speculative rule *is* the greedy rule.
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / cfg.temperature
+    if cfg.top_k > 0 and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # Drop a token when the mass strictly before it already reaches top_p (the top-1 always stays).
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= cfg.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row from (possibly unnormalised) probs [..., V] -> [...] long.
+
+    Exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) picks i with probability
+    p_i / sum(p). Unlike torch.multinomial it needs no host sync and no normalisation.
+    """
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / race.clamp_min(1e-20)).argmax(-1)

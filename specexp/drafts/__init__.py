@@ -1,0 +1,1 @@
+"""Draft strategies, one per file, all behind specexp.drafts.base.Drafter."""

@@ -1,0 +1,66 @@
+"""The one interface every draft strategy implements, and the data it sees and returns."""
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specexp.core.sampling import SamplingConfig
+
+
+@dataclass
+class Context:
+    """The committed tokens of a batch, as the engine keeps them.
+
+    Row b holds ``tokens[b, start[b]:lengths[b]]``: its left-padded prompt, then everything
+    committed so far. Slots past ``lengths[b]`` are scratch.
+    """
+
+    tokens: torch.Tensor  # [B, S] long
+    start: torch.Tensor  # [B] long: first non-padding slot
+    lengths: torch.Tensor  # [B] long: end (exclusive) of the committed tokens
+    done: torch.Tensor  # [B] bool: row finished (EOS or max_new_tokens)
+
+    def row(self, b: int) -> torch.Tensor:
+        """Committed tokens of row b [n] (prompt + generated, no padding)."""
+        return self.tokens[b, int(self.start[b]) : int(self.lengths[b])]
+
+
+@dataclass
+class Proposal:
+    """What a draft hands the verifier for one round.
+
+    A row may propose fewer than K tokens: past its own count its tokens are arbitrary and
+    its q rows are all zero, which the verifier treats as "rejected, resample from p".
+    """
+
+    tokens: torch.Tensor  # [B, K] long
+    probs: torch.Tensor  # [B, K, V]: q, one-hot for deterministic drafts
+    n_proposed: torch.Tensor  # [B] long in 0..K
+
+    @classmethod
+    def empty(cls, batch_size: int, vocab_size: int, device: torch.device) -> "Proposal":
+        return cls(
+            tokens=torch.zeros(batch_size, 0, dtype=torch.long, device=device),
+            probs=torch.zeros(batch_size, 0, vocab_size, device=device),
+            n_proposed=torch.zeros(batch_size, dtype=torch.long, device=device),
+        )
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A draft strategy. The engine calls, per batch: reset, then per round propose -> update."""
+
+    k: int  # most tokens proposed per round
+
+    def reset(self, ctx: Context) -> None:
+        """Start a new batch of prompts (drop all per-sequence state, prefill caches)."""
+
+    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+        """Propose up to k tokens per row, with the distribution q each was drawn from."""
+
+    def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
+        """Learn what was accepted ([B] long) and rewind own state to the committed tip.
+
+        ``ctx`` already holds the tokens committed this round.
+        """

@@ -1,0 +1,87 @@
+"""A small causal LM sharing the target's vocabulary, with its own ragged KV cache."""
+
+import torch
+
+from specexp.core.kv import RaggedKV
+from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
+from specexp.drafts.base import Context, Proposal
+from specexp.errors import UserInputError
+from specexp.models import LoadedModel, load_model
+
+
+def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
+    """Speculative decoding compares p and q token by token: both must index the same tokens."""
+    if draft.tokenizer is not None and target.tokenizer is not None:
+        same = draft.tokenizer.get_vocab() == target.tokenizer.get_vocab()
+        sizes = f"{len(draft.tokenizer)} vs {len(target.tokenizer)} tokens"
+    else:
+        same = draft.vocab_size == target.vocab_size
+        sizes = f"{draft.vocab_size} vs {target.vocab_size} logits"
+    if not same:
+        raise UserInputError(
+            f"vocab mismatch: draft '{draft.name}' and target '{target.name}' have different vocabularies "
+            f"({sizes}); a small_lm draft must share the target's tokenizer"
+        )
+
+
+def align_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft logits [..., V_d] -> [..., vocab_size]: drop padded rows past the target's, or pad with -inf."""
+    V_d = logits.shape[-1]
+    if V_d >= vocab_size:
+        return logits[..., :vocab_size]
+    return torch.nn.functional.pad(logits, (0, vocab_size - V_d), value=float("-inf"))
+
+
+class SmallLMDrafter:
+    """Drafts K tokens autoregressively from a small LM, sampling with the shared warp.
+
+    Cache invariant between rounds: the draft cache holds a prefix of each row's committed
+    tokens; the rest (1 or 2 tokens) is fed at the start of the next propose.
+    """
+
+    def __init__(self, target: LoadedModel, model: str | LoadedModel, k: int = 4, dtype: str = "auto", device: str | None = None):
+        if k < 1:
+            raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1")
+        self.k = k
+        if isinstance(model, str):
+            model = load_model(model, dtype=dtype, device=device or str(target.model.device))
+        check_same_vocabulary(model, target)
+        self.draft = model
+        self.vocab_size = target.vocab_size
+        self.kv: RaggedKV | None = None
+
+    def reset(self, ctx: Context) -> None:
+        B = ctx.tokens.shape[0]
+        P = int(ctx.lengths.max())  # prompts are left-padded to a common length
+        self.kv = RaggedKV.empty(self.draft.model, B, ctx.tokens.device)
+        if P > 1:
+            prompt_mask = torch.arange(P - 1, device=ctx.tokens.device)[None, :] >= ctx.start[:, None]
+            self.kv.forward(self.draft.model, ctx.tokens[:, : P - 1], prompt_mask.long())
+
+    def _step(self, input_ids: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.kv.forward(self.draft.model, input_ids, logits_to_keep=1)[:, -1]  # [B, V_d]
+        q = logits_to_probs(align_vocab(logits, self.vocab_size), sampling)  # [B, V]
+        return sample(q, generator), q
+
+    @torch.inference_mode()
+    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+        # Feed every row the same number T of uncached committed tokens: rows with fewer
+        # pending ones first give back their newest cached tokens (one host sync).
+        pending = (ctx.lengths - ctx.start) - self.kv.n_valid  # [B] committed tokens not yet cached
+        T = int(pending.max())
+        self.kv.drop_last(T - pending)
+        feed = ctx.tokens.gather(1, ctx.lengths[:, None] - T + torch.arange(T, device=ctx.tokens.device))  # [B, T]
+        tokens, probs = [], []
+        x, q = self._step(feed, sampling, generator)
+        for i in range(self.k):
+            tokens.append(x)
+            probs.append(q)
+            if i + 1 < self.k:
+                x, q = self._step(x[:, None], sampling, generator)
+        drafted = torch.stack(tokens, 1)  # [B, K]
+        return Proposal(tokens=drafted, probs=torch.stack(probs, 1),
+                        n_proposed=torch.full_like(ctx.lengths, self.k))
+
+    def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
+        # The cache took x_1..x_{K-1}; keep the accepted ones, the rest of the round is fed next time.
+        self.kv.drop_last((self.k - 1) - n_accepted.clamp(max=self.k - 1))

@@ -1,0 +1,36 @@
+"""The summary table printed at the end of a run (rich)."""
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    return str(value)
+
+
+def print_summary(summary: dict, out_dir: Path | None = None, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"{summary.get('draft')} on {summary.get('target')}, K={summary.get('k')}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup",
+                "cost_ratio_c", "verify_cost_ratio", "predicted_speedup", "greedy_match", "n_prompts"):
+        table.add_row(key, _fmt(summary.get(key)))
+    console.print(table)
+    if summary.get("per_category"):
+        per_cat = Table(title="per category")
+        for column in ("category", "alpha", "tau", "speedup"):
+            per_cat.add_column(column, justify="left" if column == "category" else "right")
+        for cat, values in summary["per_category"].items():
+            per_cat.add_row(cat, _fmt(values["alpha"]), _fmt(values["tau"]), _fmt(values["speedup"]))
+        console.print(per_cat)
+    if out_dir is not None:
+        console.print(f"results: {out_dir}")

@@ -1,0 +1,224 @@
+"""One run of a study: wire config -> models, draft, prompts -> engine -> metrics -> results.
+
+Every input is checked before anything is written. The AR baseline and the speculative run
+decode the same batches in the same process, interleaved batch by batch (their order
+alternating) so that drift in machine speed hits both alike.
+"""
+
+import logging
+from dataclasses import dataclass
+from itertools import groupby
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specexp import metrics
+from specexp.core.engine import GenerationOutput, generate
+from specexp.core.sampling import SamplingConfig
+from specexp.data import Prompt, encode_prompts
+from specexp.drafts.base import Drafter
+from specexp.errors import UserInputError
+from specexp.models import LoadedModel
+from specexp.tracking import LocalResults
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Study:
+    target: LoadedModel
+    drafter: Drafter
+    prompts: list[Prompt]
+    encoded: list[list[int]]
+    sampling: SamplingConfig
+    max_new_tokens: int
+    batch_size: int
+    seed: int
+
+
+def prepare(cfg: DictConfig) -> Study:
+    """Build and check everything a run needs; raises UserInputError on bad input."""
+    if cfg.max_new_tokens < 1:
+        raise UserInputError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1")
+    if cfg.batch_size < 1:
+        raise UserInputError(f"batch_size={cfg.batch_size} must be >= 1")
+    sampling = instantiate(cfg.sampling)
+    prompts = instantiate(cfg.data)
+    if not prompts:
+        raise UserInputError(f"the prompt set '{cfg.data.get('_target_')}' is empty; give a set with at least one prompt")
+    target = instantiate(cfg.target)
+    drafter = instantiate(cfg.draft)(target)
+    encoded = encode_prompts(target.tokenizer, prompts, chat_template=cfg.chat_template)
+    context = target.context_length
+    for prompt, ids in zip(prompts, encoded):
+        if not ids:
+            raise UserInputError(f"prompt '{prompt.id}' encodes to no tokens")
+        if context is not None and len(ids) + cfg.max_new_tokens > context:
+            raise UserInputError(
+                f"prompt '{prompt.id}' has {len(ids)} tokens; with max_new_tokens={cfg.max_new_tokens} "
+                f"it exceeds the target's context of {context} tokens"
+            )
+    return Study(target, drafter, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size, cfg.seed)
+
+
+def make_batches(prompts: list[Prompt], batch_size: int) -> list[list[int]]:
+    """Prompt indices in batches that never mix categories, so per-category timings are exact."""
+    order = sorted(range(len(prompts)), key=lambda i: (prompts[i].category or "", i))
+    batches = []
+    for _, group in groupby(order, key=lambda i: prompts[i].category):
+        group = list(group)
+        batches += [group[s : s + batch_size] for s in range(0, len(group), batch_size)]
+    return batches
+
+
+def round_table(out: GenerationOutput, prompts: list[Prompt], mode: str, batch: int, k: int) -> pd.DataFrame:
+    """One row per (prompt, round) in which the prompt was still generating."""
+    r, b = np.nonzero(out.active.numpy())
+    return pd.DataFrame({
+        "mode": mode,
+        "batch": batch,
+        "prompt_id": [prompts[i].id for i in b],
+        "category": [prompts[i].category for i in b],
+        "round": r,
+        "k": k,  # configured K
+        "k_round": out.n_proposed.max(1).values.numpy()[r],  # tokens the target verified that round
+        "proposed": out.n_proposed.numpy()[r, b],
+        "accepted": out.n_accepted.numpy()[r, b],
+        "emitted": out.n_emitted.numpy()[r, b],
+        "draft_s": np.asarray(out.draft_s)[r],  # per round, shared by the rows of a batch
+        "target_s": np.asarray(out.target_s)[r],
+        "verify_s": np.asarray(out.verify_s)[r],
+    })
+
+
+def batch_record(out: GenerationOutput, mode: str, batch: int, category: str | None) -> dict:
+    return {"mode": mode, "batch": batch, "category": category, "tokens": sum(len(t) for t in out.tokens),
+            "total_s": out.total_s, "prefill_s": out.prefill_s}
+
+
+def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int) -> dict:
+    """Headline metrics of one run; each is defined in specexp.metrics or in the comment here."""
+    spec, ar = rounds[rounds["mode"] == "spec"], rounds[rounds["mode"] == "ar"]
+    spec_b, ar_b = batches[batches["mode"] == "spec"], batches[batches["mode"] == "ar"]
+    per_round = ["batch", "round"]
+    spec_rounds = spec.drop_duplicates(per_round)  # round timings, once per batch round
+    ar_rounds = ar.drop_duplicates(per_round)
+    ar_step_s = ar_rounds["target_s"].mean()  # one target pass over one token
+    drafted_positions = spec_rounds["k_round"].sum()
+    # c: draft seconds per drafted position / seconds of one AR target step.
+    c = metrics.safe_ratio(spec_rounds["draft_s"].sum() / max(drafted_positions, 1), ar_step_s) if drafted_positions else None
+    a = metrics.alpha(spec["proposed"].to_numpy(), spec["accepted"].to_numpy())
+    tps_spec = metrics.safe_ratio(spec_b["tokens"].sum(), spec_b["total_s"].sum())  # tokens/s, prefill included
+    tps_ar = metrics.safe_ratio(ar_b["tokens"].sum(), ar_b["total_s"].sum())
+    # speedup: spec tokens/s over AR tokens/s on the same prompts; under greedy both emit the
+    # same tokens, so it equals AR seconds / spec seconds.
+    speedup = metrics.safe_ratio(tps_spec, tps_ar) if tps_ar else None
+    predicted = metrics.predicted_speedup(a, k, c)
+    summary = {
+        "alpha": a,
+        "drafted_acceptance_rate": metrics.drafted_acceptance_rate(spec["proposed"].to_numpy(), spec["accepted"].to_numpy()),
+        "acceptance_curve": metrics.acceptance_curve(spec["proposed"].to_numpy(), spec["accepted"].to_numpy(), k),
+        "tau": metrics.tau(spec["emitted"].to_numpy()),
+        "k": k,
+        "tokens_per_s_spec": tps_spec,
+        "tokens_per_s_ar": tps_ar,
+        "speedup": speedup,
+        "cost_ratio_c": c,
+        # verify cost: seconds of a speculative target pass (K+1 tokens) / one AR step.
+        "verify_cost_ratio": metrics.safe_ratio(spec_rounds["target_s"].mean(), ar_step_s),
+        "predicted_speedup": predicted,
+        "realized_over_predicted": metrics.safe_ratio(speedup, predicted) if speedup and predicted else None,
+        "time_split": {  # seconds of the speculative run
+            "draft": float(spec_rounds["draft_s"].sum()),
+            "target": float(spec_rounds["target_s"].sum()),
+            "verify": float(spec_rounds["verify_s"].sum()),  # verify + commit + rewind bookkeeping
+            "prefill": float(spec_b["prefill_s"].sum()),
+        },
+        "rounds_spec": int(len(spec_rounds)),
+        "rounds_ar": int(len(ar_rounds)),
+        "tokens_spec": int(spec_b["tokens"].sum()),
+        "tokens_ar": int(ar_b["tokens"].sum()),
+    }
+    categories = sorted(c for c in rounds["category"].dropna().unique())
+    if categories:
+        summary["per_category"] = {}
+        for cat in categories:
+            s, sb, ab = spec[spec["category"] == cat], spec_b[spec_b["category"] == cat], ar_b[ar_b["category"] == cat]
+            cat_tps_ar = metrics.safe_ratio(ab["tokens"].sum(), ab["total_s"].sum())
+            cat_tps_spec = metrics.safe_ratio(sb["tokens"].sum(), sb["total_s"].sum())
+            summary["per_category"][cat] = {
+                "alpha": metrics.alpha(s["proposed"].to_numpy(), s["accepted"].to_numpy()),
+                "tau": metrics.tau(s["emitted"].to_numpy()),
+                "speedup": metrics.safe_ratio(cat_tps_spec, cat_tps_ar) if cat_tps_ar else None,
+            }
+    return summary
+
+
+def _answer_rows(prompts: list[Prompt], indices: list[int], spec: GenerationOutput, ar: GenerationOutput, tokenizer) -> list[dict]:
+    rows = []
+    for j, i in enumerate(indices):
+        rows.append({
+            "prompt_id": prompts[i].id, "category": prompts[i].category,
+            "spec_tokens": spec.tokens[j], "ar_tokens": ar.tokens[j],
+            "spec_text": tokenizer.decode(spec.tokens[j]) if tokenizer else None,
+            "ar_text": tokenizer.decode(ar.tokens[j]) if tokenizer else None,
+            "identical": spec.tokens[j] == ar.tokens[j],
+        })
+    return rows
+
+
+def run_study(study: Study, results: LocalResults, warmup: bool = True) -> dict:
+    """Decode every batch with the AR baseline and the draft; write results as batches finish."""
+    target, drafter = study.target, study.drafter
+    eos, pad = target.eos_token_ids, target.pad_token_id
+
+    def decode(indices: list[int], with_draft: bool, seed: int, max_new: int) -> GenerationOutput:
+        generator = torch.Generator(device=target.model.device).manual_seed(seed)
+        return generate(target.model, [study.encoded[i] for i in indices], drafter if with_draft else None,
+                        study.sampling, max_new, eos, generator, pad)
+
+    if warmup:  # first calls allocate and pick kernels; keep them out of the timings
+        decode([0], False, study.seed, 4)
+        decode([0], True, study.seed, 4)
+
+    batches = make_batches(study.prompts, study.batch_size)
+    rounds, batch_records, matches = [], [], []
+    progress = tqdm(batches, desc="prompts", unit="batch", dynamic_ncols=True)
+    for n, indices in enumerate(progress):
+        seed = study.seed + n  # per batch, so any batch can be reproduced alone
+        order = (False, True) if n % 2 == 0 else (True, False)
+        outs = {with_draft: decode(indices, with_draft, seed, study.max_new_tokens) for with_draft in order}
+        spec, ar = outs[True], outs[False]
+        batch_prompts = [study.prompts[i] for i in indices]
+        category = batch_prompts[0].category
+        rounds += [round_table(spec, batch_prompts, "spec", n, drafter.k), round_table(ar, batch_prompts, "ar", n, 0)]
+        batch_records += [batch_record(spec, "spec", n, category), batch_record(ar, "ar", n, category)]
+        answers = _answer_rows(study.prompts, indices, spec, ar, target.tokenizer)
+        matches += [row["identical"] for row in answers]
+        results.add_answers(answers)
+        progress.set_postfix(spec_tok_s=f"{batch_records[-2]['tokens'] / spec.total_s:.1f}",
+                             ar_tok_s=f"{batch_records[-1]['tokens'] / ar.total_s:.1f}")
+
+    rounds_df = pd.concat(rounds, ignore_index=True)
+    summary = summarize(rounds_df, pd.DataFrame(batch_records), drafter.k)
+    # greedy_match: fraction of prompts whose speculative tokens equal the AR baseline's.
+    # Only defined under greedy decoding, where it must be 1.0.
+    summary["greedy_match"] = float(np.mean(matches)) if study.sampling.greedy else None
+    summary["n_prompts"] = len(study.prompts)
+    summary["target"] = target.name
+    summary["draft"] = type(drafter).__name__
+    results.finish(summary, rounds_df)
+    return summary
+
+
+def run_from_config(cfg: DictConfig, out_dir: Path) -> dict:
+    study = prepare(cfg)
+    results = LocalResults(out_dir)
+    results.write_config(OmegaConf.to_yaml(cfg, resolve=True))
+    torch.manual_seed(cfg.seed)
+    return run_study(study, results, warmup=cfg.warmup)
