@@ -41,6 +41,8 @@ def _load(name_or_path: str, split: str, config_name: str | None) -> datasets.Da
     if path.suffix in LOCAL_BUILDERS:
         if not path.exists():
             raise UserInputError(f"prompt file '{name_or_path}' does not exist")
+        if path.stat().st_size == 0:
+            return datasets.Dataset.from_dict({})
         return datasets.load_dataset(LOCAL_BUILDERS[path.suffix], data_files=str(path), split="train")
     if path.exists():
         return datasets.load_dataset(str(path), config_name, split=split)
@@ -62,6 +64,8 @@ def prompts_from_dataset(
 ) -> list[Prompt]:
     """Any HF data set name or local json/jsonl/parquet/csv file; a list column means turns (first is used)."""
     ds = _load(name_or_path, split, config_name)
+    if len(ds) == 0:
+        return []
     for column in (text_column, id_column, category_column):
         if column is not None and column not in ds.column_names:
             raise UserInputError(f"column '{column}' is not in '{name_or_path}'; its columns are {ds.column_names}")

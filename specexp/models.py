@@ -75,11 +75,14 @@ def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", ggu
     source = str(local) if local.exists() else name_or_path
     torch_device = resolve_device(device)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
         model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=resolve_dtype(dtype, torch_device))
     except (OSError, ValueError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserInputError(f"could not load model '{name_or_path}': {reason}") from e
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None  # a model folder without a tokenizer still works on token ids
     return LoadedModel(model=model.to(torch_device).eval(), tokenizer=tokenizer, name=name_or_path)
 
 

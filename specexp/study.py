@@ -52,6 +52,8 @@ def prepare(cfg: DictConfig) -> Study:
     if not prompts:
         raise UserInputError(f"the prompt set '{cfg.data.get('_target_')}' is empty; give a set with at least one prompt")
     target = instantiate(cfg.target)
+    if target.tokenizer is None:
+        raise UserInputError(f"target '{target.name}' has no tokenizer; a study needs one to encode its prompts")
     drafter = instantiate(cfg.draft)(target)
     encoded = encode_prompts(target.tokenizer, prompts, chat_template=cfg.chat_template)
     context = target.context_length

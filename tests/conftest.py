@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny random Llama models in float64 (no downloads, no float ties)."""
+
+import copy as copy_module
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specexp.models import LoadedModel
+
+EOS = 1
+
+
+def tiny_model(seed: int, layers: int = 2, vocab_size: int = 64, hidden: int = 32, scale: float = 1.0) -> LoadedModel:
+    """A random Llama; ``scale`` multiplies the LM head to make distributions sharper or flatter."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        eos_token_id=EOS, pad_token_id=0, bos_token_id=None, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).to(torch.float64).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return LoadedModel(model=model, tokenizer=None, name=f"tiny-{seed}-{layers}L-v{vocab_size}")
+
+
+@pytest.fixture(scope="session")
+def target() -> LoadedModel:
+    return tiny_model(0, layers=2)
+
+
+def noisy_copy(model: LoadedModel, noise: float, seed: int) -> LoadedModel:
+    """The model with Gaussian noise on every weight: agrees with it sometimes."""
+    copy = copy_module.deepcopy(model.model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in copy.parameters():
+            param.add_(noise * param.std() * torch.randn(param.shape, generator=g, dtype=param.dtype))
+    return LoadedModel(model=copy, tokenizer=None, name=f"{model.name}-noisy{noise}")
+
+
+@pytest.fixture(scope="session")
+def other_draft(target) -> LoadedModel:
+    """Same vocabulary, perturbed weights: agrees with the target on part of the tokens."""
+    return noisy_copy(target, noise=0.5, seed=1)
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[list[int]]:
+    """Different lengths (left padding) and repeats (prompt lookup finds matches)."""
+    return [
+        [5, 6, 7, 8, 5, 6, 7, 9, 10, 5, 6],
+        [3, 4],
+        [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 11, 12, 13, 21, 22, 11, 12],
+    ]

@@ -1,0 +1,126 @@
+"""The round engine: greedy exactness, sampled distributions, EOS/limit boundaries, seeds."""
+
+import pytest
+import torch
+
+from specexp.core.engine import generate
+from specexp.core.sampling import SamplingConfig, logits_to_probs
+from specexp.drafts.base import Drafter
+from specexp.drafts.prompt_lookup import PromptLookupDrafter
+from specexp.drafts.small_lm import SmallLMDrafter
+from tests.conftest import EOS, tiny_model
+from tests.drafters import RandomDrafter
+from tests.stats import P_VALUE_THRESHOLD, chi_square_p_value
+
+GREEDY = SamplingConfig()
+NO_EOS = [10**6]  # an id no model emits: runs go to max_new_tokens
+
+
+def _gen(target, prompts, drafter, sampling=GREEDY, max_new=24, eos=NO_EOS, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return generate(target.model, prompts, drafter, sampling, max_new, eos, g)
+
+
+def _drafters(kind: str, target, other, k: int) -> Drafter:
+    return {
+        "agree": lambda: SmallLMDrafter(target, target, k=k),
+        "disagree": lambda: SmallLMDrafter(target, other, k=k),
+        "random": lambda: RandomDrafter(target.vocab_size, k),
+        "prompt_lookup": lambda: PromptLookupDrafter(target, k=k, max_n=3, min_n=1),
+    }[kind]()
+
+
+@pytest.mark.parametrize("kind", ["agree", "disagree", "random", "prompt_lookup"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_is_token_identical_to_target_alone(target, other_draft, prompts, kind, k, batch):
+    batch_prompts = prompts[:batch] if batch == 1 else prompts
+    alone = _gen(target, batch_prompts, None)
+    spec = _gen(target, batch_prompts, _drafters(kind, target, other_draft, k))
+    assert spec.tokens == alone.tokens
+    assert all(len(t) == 24 for t in spec.tokens)
+    rounds = spec.active.sum(0)
+    if kind == "agree":  # a perfect draft: every round commits K+1 tokens
+        assert rounds.tolist() == [-(-24 // (k + 1))] * len(batch_prompts)
+        assert bool((spec.n_accepted[spec.active] == k).all())
+
+
+def test_agreeing_draft_accepts_everything_and_others_do_not(target, other_draft, prompts):
+    disagree = _gen(target, prompts, SmallLMDrafter(target, other_draft, k=4))
+    accepted = disagree.n_accepted[disagree.active]
+    assert 0 < int(accepted.sum()) < int(disagree.n_proposed[disagree.active].sum())
+
+
+def test_rows_with_different_acceptance_stay_exact_per_row(target, other_draft, prompts):
+    """Each row of a batch decodes exactly as that prompt would alone (ragged tips)."""
+    spec = _gen(target, prompts, SmallLMDrafter(target, other_draft, k=3), max_new=30)
+    for b, prompt in enumerate(prompts):
+        assert spec.tokens[b] == _gen(target, [prompt], None, max_new=30).tokens[0]
+    # The rows really did accept different counts in some round.
+    assert any(len(set(row[spec.active[r]].tolist())) > 1 for r, row in enumerate(spec.n_accepted))
+
+
+@pytest.mark.parametrize("kind", ["agree", "disagree", "prompt_lookup"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_eos_stops_and_nothing_after_it_is_committed(target, other_draft, prompts, kind, k):
+    alone = _gen(target, prompts, None, max_new=24)
+    eos = alone.tokens[0][5]  # a token the target emits at position 5 of row 0
+    spec = _gen(target, prompts, _drafters(kind, target, other_draft, k), max_new=24, eos=[eos])
+    for b, row in enumerate(alone.tokens):
+        expected = row[: row.index(eos) + 1] if eos in row else row
+        assert spec.tokens[b] == expected
+    assert spec.tokens[0][-1] == eos and len(spec.tokens[0]) <= 6
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 7])
+def test_max_new_tokens_is_exact(target, prompts, max_new):
+    spec = _gen(target, prompts, SmallLMDrafter(target, target, k=4), max_new=max_new)
+    assert [len(t) for t in spec.tokens] == [max_new] * len(prompts)
+    assert spec.tokens == _gen(target, prompts, None, max_new=max_new).tokens
+
+
+SAMPLINGS = {"t1": SamplingConfig(temperature=1.0), "t0.8_topk12_topp0.95": SamplingConfig(0.8, 12, 0.95)}
+
+
+def _exact_two_token_distribution(target, prompt: list[int], sampling: SamplingConfig) -> torch.Tensor:
+    """P(t1, t2 | prompt) under the warped target, flattened [V*V]."""
+    V = target.vocab_size
+    with torch.no_grad():
+        p1 = logits_to_probs(target.model(torch.tensor([prompt])).logits[0, -1], sampling)  # [V]
+        seconds = torch.tensor([prompt + [t] for t in range(V)])
+        p2 = logits_to_probs(target.model(seconds).logits[:, -1], sampling)  # [V, V]
+    return (p1[:, None] * p2).flatten()
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+@pytest.mark.parametrize("kind", ["none", "disagree", "prompt_lookup"])
+def test_sampled_first_two_tokens_follow_the_target(kind, sampling):
+    """Thousands of rows of one prompt in one batch: the engine's first two tokens ~ the target's."""
+    target = tiny_model(10, layers=2, vocab_size=12, scale=4.0)
+    other = tiny_model(11, layers=1, vocab_size=12, scale=4.0)
+    prompt = [3, 4, 5, 3, 4]
+    drafter = {"none": None, "disagree": SmallLMDrafter(target, other, k=3),
+               "prompt_lookup": PromptLookupDrafter(target, k=3)}[kind]
+    rows = 12_000
+    out = _gen(target, [prompt] * rows, drafter, sampling=sampling, max_new=2, seed=5)
+    pairs = torch.tensor([t[0] * 12 + t[1] for t in out.tokens])
+    expected = _exact_two_token_distribution(target, prompt, sampling)
+    assert chi_square_p_value(torch.bincount(pairs, minlength=144), expected) > P_VALUE_THRESHOLD
+    if drafter is not None:
+        assert int(out.n_accepted.sum()) > 0  # the draft path was exercised
+
+
+def test_seeded_runs_repeat_exactly(target, other_draft, prompts):
+    sampling = SamplingConfig(temperature=1.0)
+    a = _gen(target, prompts, SmallLMDrafter(target, other_draft, k=3), sampling=sampling, seed=3)
+    b = _gen(target, prompts, SmallLMDrafter(target, other_draft, k=3), sampling=sampling, seed=3)
+    c = _gen(target, prompts, SmallLMDrafter(target, other_draft, k=3), sampling=sampling, seed=4)
+    assert a.tokens == b.tokens and torch.equal(a.n_accepted, b.n_accepted)
+    assert a.tokens != c.tokens
+
+
+def test_bad_engine_arguments(target):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        _gen(target, [[1, 2]], None, max_new=0)
+    with pytest.raises(ValueError, match="at least one token"):
+        _gen(target, [[]], None)
