@@ -37,6 +37,24 @@ def _remove_run_folder(out_dir: Path) -> None:
         out_dir.rmdir()
 
 
+def unknown_choice(args: list[str], config_dir: str = CONFIG_DIR) -> str | None:
+    """One-line error for ``group=option`` overrides naming an option that has no config file.
+
+    Hydra reports the same thing over a dozen lines; this names the bad value and the
+    allowed ones. Sweep expressions (``choice(...)``, ``range(...)``) are left to Hydra.
+    """
+    for arg in args:
+        group, sep, value = arg.partition("=")
+        group_dir = Path(config_dir) / group.lstrip("+")
+        if not sep or "(" in value or not group_dir.is_dir():
+            continue
+        allowed = sorted(f.stem for f in group_dir.glob("*.yaml"))
+        for option in value.split(","):
+            if option not in allowed:
+                return f"unknown {group.lstrip('+')} '{option}'; allowed: {', '.join(allowed)}"
+    return None
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> float | None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -54,4 +72,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    if (message := unknown_choice(sys.argv[1:])) is not None:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
     main()

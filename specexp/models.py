@@ -71,7 +71,9 @@ def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", ggu
     """A causal LM and its tokenizer from a local folder or a hub name (the same code path)."""
     local = Path(name_or_path).expanduser()
     if not local.exists() and _looks_like_path(name_or_path):
-        raise UserInputError(f"model path '{name_or_path}' does not exist; give a local model folder or a hub name like 'org/name'")
+        raise UserInputError(
+            f"model path '{name_or_path}' does not exist; give a local model folder or a hub name like 'org/name'"
+        )
     source = str(local) if local.exists() else name_or_path
     torch_device = resolve_device(device)
     try:

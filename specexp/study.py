@@ -57,7 +57,7 @@ def prepare(cfg: DictConfig) -> Study:
     drafter = instantiate(cfg.draft)(target)
     encoded = encode_prompts(target.tokenizer, prompts, chat_template=cfg.chat_template)
     context = target.context_length
-    for prompt, ids in zip(prompts, encoded):
+    for prompt, ids in zip(prompts, encoded, strict=False):
         if not ids:
             raise UserInputError(f"prompt '{prompt.id}' encodes to no tokens")
         if context is not None and len(ids) + cfg.max_new_tokens > context:
@@ -161,7 +161,9 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int) -> dict:
     return summary
 
 
-def _answer_rows(prompts: list[Prompt], indices: list[int], spec: GenerationOutput, ar: GenerationOutput, tokenizer) -> list[dict]:
+def _answer_rows(
+    prompts: list[Prompt], indices: list[int], spec: GenerationOutput, ar: GenerationOutput, tokenizer
+) -> list[dict]:
     rows = []
     for j, i in enumerate(indices):
         rows.append({

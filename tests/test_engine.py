@@ -8,7 +8,7 @@ from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.drafts.base import Drafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
-from tests.conftest import EOS, tiny_model
+from tests.conftest import tiny_model
 from tests.drafters import RandomDrafter
 from tests.stats import P_VALUE_THRESHOLD, chi_square_p_value
 

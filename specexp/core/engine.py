@@ -5,8 +5,8 @@ target pass over the tip and a "bonus" token from p), so both are timed by the s
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from transformers import PreTrainedModel

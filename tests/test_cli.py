@@ -1,0 +1,123 @@
+"""`python -m specexp`: config composition, one-line errors, and the default study end to end."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from specexp.__main__ import CONFIG_DIR, unknown_choice
+from tests.conftest import tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+GROUP_OPTIONS = {group: sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+                 for group in ("target", "draft", "data", "sampling")}
+REQUIRED = {"target=hf": ["target.name_or_path=org/name"], "draft=small_lm": ["draft.model=org/name"],
+            "data=hf": ["data.name_or_path=prompts.jsonl"]}
+
+
+def run_cli(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specexp", *overrides], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("choice", [f"{g}={o}" for g, opts in GROUP_OPTIONS.items() for o in opts])
+def test_every_config_composes(choice):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[choice, *REQUIRED.get(choice, [])])
+    group = choice.split("=")[0]
+    assert cfg[group]["_target_"].startswith("specexp.")
+    if group == "sampling":
+        assert instantiate(cfg.sampling).temperature >= 0
+    if choice in ("data=mt_bench", "data=spec_bench"):
+        prompts = instantiate(cfg.data)
+        assert len(prompts) == cfg.data.limit and all(p.category for p in prompts)
+
+
+def test_unknown_choice_names_value_and_allowed():
+    assert unknown_choice(["draft=prompt_lookup", "draft.k=3"]) is None
+    assert unknown_choice(["draft=nope"]) == f"unknown draft 'nope'; allowed: {', '.join(GROUP_OPTIONS['draft'])}"
+    assert unknown_choice(["sampling=greedy,hot"]).startswith("unknown sampling 'hot'")
+    assert unknown_choice(["draft=choice(a,b)", "hydra/launcher=basic"]) is None
+
+
+def test_cfg_job_shows_overrides():
+    out = run_cli("--cfg", "job", "draft=small_lm", "draft.model=some/model", "draft.k=8", "sampling.temperature=0.7")
+    assert out.returncode == 0, out.stderr
+    assert "k: 8" in out.stdout and "temperature: 0.7" in out.stdout and "model: some/model" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def prompt_files(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("prompts")
+    (folder / "empty.jsonl").write_text("")
+    (folder / "long.jsonl").write_text(json.dumps({"text": "word " * 9000}) + "\n")
+    tiny_model(0, vocab_size=64).model.save_pretrained(folder / "tiny_draft")
+    return {"empty": folder / "empty.jsonl", "long": folder / "long.jsonl", "tiny": folder / "tiny_draft"}
+
+
+BAD_INPUTS = {
+    "unknown_draft": (["draft=ngram_typo"], "unknown draft 'ngram_typo'; allowed: "),
+    "k_below_1": (["draft.k=0"], "draft.k=0 is not allowed"),
+    "missing_model_path": (["draft=small_lm", "draft.model=/no/such/model"], "model path '/no/such/model' does not exist"),
+    "vocab_mismatch": (["draft=small_lm", "draft.model={tiny}"], "vocab mismatch"),
+    "empty_prompt_set": (["data=hf", "data.name_or_path={empty}"], "is empty"),
+    "prompt_too_long": (["data=hf", "data.name_or_path={long}"], "exceeds the target's context of 8192"),
+}
+
+
+@pytest.mark.default_target
+@pytest.mark.parametrize("case", BAD_INPUTS.keys())
+def test_bad_input_is_one_line_error_and_nothing_written(case, prompt_files, tmp_path):
+    overrides, message = BAD_INPUTS[case]
+    overrides = [o.format(**prompt_files) for o in overrides]
+    run_dir = tmp_path / "run"
+    out = run_cli(*overrides, f"hydra.run.dir={run_dir}")
+    assert out.returncode == 2, out.stderr
+    error_lines = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error_lines) == 1 and message in error_lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+    assert not run_dir.exists()
+
+
+@pytest.mark.default_target
+def test_default_study_end_to_end(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli("data.limit=2", "max_new_tokens=12", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
+                "predicted_speedup", "time_split", "per_category", "greedy_match"):
+        assert key in summary, key
+    assert summary["greedy_match"] == 1.0
+    assert len(summary["acceptance_curve"]) == 4 and summary["n_prompts"] == 2
+    assert set(summary["time_split"]) == {"draft", "target", "verify", "prefill"}
+    assert len(summary["per_category"]) == 2
+    rounds = pd.read_parquet(run_dir / "rounds.parquet")
+    expected = {"prompt_id", "category", "round", "k", "accepted", "emitted", "draft_s", "target_s", "verify_s"}
+    assert expected <= set(rounds.columns)
+    answers = [json.loads(line) for line in (run_dir / "answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 2 and all(a["spec_tokens"] == a["ar_tokens"] and a["spec_text"] for a in answers)
+    assert all(len(a["ar_tokens"]) <= 12 for a in answers)
+    assert (run_dir / "config.yaml").exists() and "speedup" in out.stdout
+
+
+@pytest.mark.default_target
+def test_small_lm_draft_from_a_local_folder(tmp_path):
+    """The real local-path code path: the target's first 2 layers saved as an HF folder."""
+    from specexp.models import first_layers, load_embedded_target
+
+    draft = first_layers(load_embedded_target("float32", "cpu"), 2)
+    draft.model.save_pretrained(tmp_path / "draft")
+    draft.tokenizer.save_pretrained(tmp_path / "draft")
+    run_dir = tmp_path / "run"
+    out = run_cli("draft=small_lm", f"draft.model={tmp_path / 'draft'}", "draft.k=3", "data.limit=1",
+                  "max_new_tokens=10", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["greedy_match"] == 1.0 and summary["draft"] == "SmallLMDrafter"
+    assert summary["cost_ratio_c"] > 0
