@@ -124,3 +124,18 @@ def test_bad_engine_arguments(target):
         _gen(target, [[1, 2]], None, max_new=0)
     with pytest.raises(ValueError, match="at least one token"):
         _gen(target, [[]], None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_greedy_matches_target_alone(prompts):
+    """The same engine on CUDA (fp32): greedy speculative output equals the target alone."""
+    from specexp.models import LoadedModel
+
+    target_cpu = tiny_model(0, layers=2)
+    target = LoadedModel(target_cpu.model.to("cuda", torch.float32), None, "tiny-cuda")
+    draft = LoadedModel(tiny_model(1, layers=1).model.to("cuda", torch.float32), None, "tiny-cuda-draft")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    alone = generate(target.model, prompts, None, GREEDY, 16, NO_EOS, g)
+    for drafter in (SmallLMDrafter(target, draft, k=3), PromptLookupDrafter(target, k=3)):
+        assert generate(target.model, prompts, drafter, GREEDY, 16, NO_EOS, g).tokens == alone.tokens

@@ -20,7 +20,6 @@ Special cases are the same rule, not new code:
 """
 
 import torch
-import torch.nn.functional as F
 
 from specexp.core.sampling import sample
 
@@ -45,12 +44,14 @@ def speculative_verify(
     accepted = (q_x > 0) & (u * q_x < p_x)  # [B, K]
     n_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]: accepted prefix length
 
-    # Residual at the first rejected position n; q is zero at position K, so all-accepted
-    # rows get the bonus token from p_K through the same line.
-    q_padded = F.pad(draft_probs, (0, 0, 0, 1))  # [B, K+1, V]
+    # Residual at the first rejected position n. q counts as zero at position K, so rows
+    # that accepted all K get the bonus token from p_K through the same line.
     at_n = n_accepted[:, None, None].expand(B, 1, V)
     p_n = target_probs.gather(1, at_n).squeeze(1)  # [B, V]
-    q_n = q_padded.gather(1, at_n).squeeze(1)  # [B, V]
+    if K == 0:
+        q_n = torch.zeros_like(p_n)
+    else:
+        q_n = draft_probs.gather(1, at_n.clamp_max(K - 1)).squeeze(1) * (n_accepted < K)[:, None]  # [B, V]
     residual = (p_n - q_n).clamp_min(0)  # [B, V]
     # p_n == q_n leaves no mass; rejection then had probability 0, so only rounding got us
     # here and p_n is the right distribution.

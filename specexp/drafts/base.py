@@ -21,10 +21,6 @@ class Context:
     lengths: torch.Tensor  # [B] long: end (exclusive) of the committed tokens
     done: torch.Tensor  # [B] bool: row finished (EOS or max_new_tokens)
 
-    def row(self, b: int) -> torch.Tensor:
-        """Committed tokens of row b [n] (prompt + generated, no padding)."""
-        return self.tokens[b, int(self.start[b]) : int(self.lengths[b])]
-
 
 @dataclass
 class Proposal:
