@@ -1,37 +1,61 @@
-"""Prompt lookup: the vectorised matcher equals a brute-force scan."""
+"""Prompt lookup: the incremental index equals a brute-force scan; proposals are one-hot."""
 
-import numpy as np
+from collections import Counter
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.base import Context
-from specexp.drafts.prompt_lookup import PromptLookupDrafter, lookup_continuation
+from specexp.drafts.context_index import ContextIndex
+from specexp.drafts.prompt_lookup import PromptLookupDrafter
 
 
-def brute_force(seq: list[int], max_n: int, min_n: int, k: int) -> list[int]:
+def brute_force(seq: list[int], max_n: int, min_n: int, k: int, choice: str, max_candidates: int = 64):
+    """Scan every earlier window, longest n first."""
     L = len(seq)
     for n in range(max_n, min_n - 1, -1):
         if n > L - 1:
             continue
-        for start in range(L - n - 1, -1, -1):  # most recent earlier occurrence first
-            if seq[start : start + n] == seq[L - n :]:
-                return seq[start + n : start + n + k]
-    return []
+        starts = [s for s in range(L - n) if seq[s : s + n] == seq[L - n :]]  # windows with a continuation
+        if not starts:
+            continue
+        if choice == "recent":
+            return n, seq[starts[-1] + n : starts[-1] + n + k]
+        recent_first = [tuple(seq[s + n : s + n + k]) for s in reversed(starts[-max_candidates:])]
+        counts = Counter(recent_first)
+        return n, list(next(c for c in recent_first if counts[c] == max(counts.values())))
+    return 0, []
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    seq=st.lists(st.integers(0, 4), min_size=1, max_size=40),
+    seq=st.lists(st.integers(0, 4), min_size=1, max_size=60),
+    chunks=st.lists(st.integers(1, 6), min_size=1, max_size=30),
     max_n=st.integers(1, 5),
     min_n=st.integers(1, 5),
     k=st.integers(1, 8),
+    choice=st.sampled_from(["recent", "frequent"]),
 )
-def test_lookup_matches_brute_force(seq, max_n, min_n, k):
+def test_incremental_index_matches_brute_force(seq, chunks, max_n, min_n, k, choice):
+    """Fed in random chunks (like rounds committing 1..K+1 tokens), every lookup equals the scan."""
     min_n = min(min_n, max_n)
-    got = lookup_continuation(np.array(seq), max_n, min_n, k).tolist()
-    assert got == brute_force(seq, max_n, min_n, k)
+    index = ContextIndex(max_n, min_n, max_candidates=3)
+    pos = 0
+    for size in chunks * 3:
+        if pos >= len(seq):
+            break
+        index.extend(seq[pos : pos + size])
+        pos += size
+        assert index.lookup(k, choice) == brute_force(seq[:pos], max_n, min_n, k, choice, max_candidates=3)
+
+
+def test_frequent_choice_prefers_the_common_continuation():
+    index = ContextIndex(max_n=1, min_n=1)
+    index.extend([7, 1, 7, 1, 7, 2, 7])
+    assert index.lookup(1, "recent") == (1, [2])
+    assert index.lookup(1, "frequent") == (1, [1])
 
 
 def test_proposal_is_one_hot_and_padded(target):
@@ -39,9 +63,15 @@ def test_proposal_is_one_hot_and_padded(target):
     tokens = torch.tensor([[0, 7, 8, 9, 7, 8, 0], [4, 5, 6, 10, 11, 0, 0]])
     ctx = Context(tokens=tokens, start=torch.tensor([1, 0]), lengths=torch.tensor([6, 5]),
                   done=torch.tensor([False, False]))
+    drafter.reset(ctx)
     proposal = drafter.propose(ctx, SamplingConfig(), None)
     # row 0 (7 8 9 7 8): "7 8" seen before -> "9 7 8", the continuation runs out at 3; row 1: no repeat
     assert proposal.n_proposed.tolist() == [3, 0]
     assert proposal.tokens.shape == (2, 3) and proposal.tokens[0].tolist() == [9, 7, 8]
     assert torch.equal(proposal.probs[0].argmax(-1), torch.tensor([9, 7, 8]))
     assert proposal.probs[0].sum().item() == 3.0 and proposal.probs[1].sum().item() == 0.0
+    # Committing more tokens extends each row's index incrementally.
+    ctx.tokens[1, 5:7] = torch.tensor([4, 5])
+    ctx.lengths = torch.tensor([6, 7])
+    drafter.update(ctx, proposal, torch.tensor([0, 0]))
+    assert drafter.propose(ctx, SamplingConfig(), None).tokens[1].tolist() == [6, 10, 11, 4]

@@ -60,3 +60,21 @@ class Drafter(Protocol):
 
         ``ctx`` already holds the tokens committed this round.
         """
+
+
+def committed_tokens(ctx: Context, already_seen: list[int]) -> list[list[int]]:
+    """Per row, the committed tokens after the first ``already_seen[b]`` (host lists)."""
+    tokens, start, lengths = ctx.tokens.cpu(), ctx.start.tolist(), ctx.lengths.tolist()
+    return [tokens[b, start[b] + seen : lengths[b]].tolist() for b, seen in enumerate(already_seen)]
+
+
+def one_hot_proposal(found: list[list[int]], vocab_size: int, device: torch.device) -> Proposal:
+    """A deterministic draft's proposal: per-row token lists (any lengths) -> padded tokens, one-hot q."""
+    B, K = len(found), max((len(f) for f in found), default=0)
+    tokens = torch.zeros(B, K, dtype=torch.long)
+    for b, f in enumerate(found):
+        tokens[b, : len(f)] = torch.tensor(f, dtype=torch.long)
+    n_proposed = torch.tensor([len(f) for f in found], dtype=torch.long)
+    valid = torch.arange(K)[None, :] < n_proposed[:, None]  # [B, K]
+    probs = torch.nn.functional.one_hot(tokens, vocab_size).float() * valid[..., None]  # [B, K, V]
+    return Proposal(tokens=tokens.to(device), probs=probs.to(device), n_proposed=n_proposed.to(device))
