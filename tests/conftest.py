@@ -54,3 +54,30 @@ def prompts() -> list[list[int]]:
         [3, 4],
         [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 11, 12, 13, 21, 22, 11, 12],
     ]
+
+
+def build_ngram_files(target: LoadedModel, folder, seed: int = 0) -> dict[str, str]:
+    """An order-3 Kneser-Ney LM and a datastore from the target's own sampled text plus noise,
+    so the drafts agree with the target part of the time."""
+    from specexp.core.engine import generate
+    from specexp.core.sampling import SamplingConfig
+    from specexp.ngram.corpus import join_documents, vocab_fingerprint
+    from specexp.ngram.datastore import SuffixDatastore
+    from specexp.ngram.kneser_ney import KneserNeyLM
+
+    g = torch.Generator().manual_seed(seed)
+    V = target.vocab_size
+    prompts = [torch.randint(2, V, (4,), generator=g).tolist() for _ in range(24)]
+    out = generate(target.model, prompts, None, SamplingConfig(temperature=1.0), 40, [EOS], g)
+    documents = [p + t for p, t in zip(prompts, out.tokens, strict=True)]
+    documents.append(torch.randint(0, V, (200,), generator=g).tolist())
+    fingerprint = vocab_fingerprint(target)
+    paths = {"lm": str(folder / "lm.npz"), "store": str(folder / "store.npz")}
+    KneserNeyLM.build(join_documents(documents, EOS), 3, V, fingerprint).save(paths["lm"])
+    SuffixDatastore.build(documents, V, fingerprint).save(paths["store"])
+    return paths
+
+
+@pytest.fixture(scope="session")
+def ngram_files(target, tmp_path_factory) -> dict[str, str]:
+    return build_ngram_files(target, tmp_path_factory.mktemp("ngram"))

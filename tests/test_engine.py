@@ -6,9 +6,11 @@ import torch
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.drafts.base import Drafter
+from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
+from specexp.drafts.retrieval import RetrievalDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
-from tests.conftest import tiny_model
+from tests.conftest import build_ngram_files, tiny_model
 from tests.drafters import RandomDrafter
 from tests.stats import P_VALUE_THRESHOLD, chi_square_p_value
 
@@ -21,22 +23,30 @@ def _gen(target, prompts, drafter, sampling=GREEDY, max_new=24, eos=NO_EOS, seed
     return generate(target.model, prompts, drafter, sampling, max_new, eos, g)
 
 
-def _drafters(kind: str, target, other, k: int) -> Drafter:
+def _drafters(kind: str, target, other, k: int, files: dict[str, str] | None = None) -> Drafter:
     return {
         "agree": lambda: SmallLMDrafter(target, target, k=k),
         "disagree": lambda: SmallLMDrafter(target, other, k=k),
         "random": lambda: RandomDrafter(target.vocab_size, k),
         "prompt_lookup": lambda: PromptLookupDrafter(target, k=k, max_n=3, min_n=1),
+        "prompt_lookup_frequent": lambda: PromptLookupDrafter(target, k=k, max_n=2, min_n=1, choice="frequent"),
+        "ngram_lm": lambda: NgramLMDrafter(target, files["lm"], k=k),
+        "retrieval": lambda: RetrievalDrafter(target, files["store"], k=k, combine_context=False),
+        "retrieval+context": lambda: RetrievalDrafter(target, files["store"], k=k, max_match=4, context_max_n=3),
     }[kind]()
 
 
-@pytest.mark.parametrize("kind", ["agree", "disagree", "random", "prompt_lookup"])
+ALL_KINDS = ["agree", "disagree", "random", "prompt_lookup", "prompt_lookup_frequent", "ngram_lm", "retrieval",
+             "retrieval+context"]
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_greedy_is_token_identical_to_target_alone(target, other_draft, prompts, kind, k, batch):
+def test_greedy_is_token_identical_to_target_alone(target, other_draft, prompts, ngram_files, kind, k, batch):
     batch_prompts = prompts[:batch] if batch == 1 else prompts
     alone = _gen(target, batch_prompts, None)
-    spec = _gen(target, batch_prompts, _drafters(kind, target, other_draft, k))
+    spec = _gen(target, batch_prompts, _drafters(kind, target, other_draft, k, ngram_files))
     assert spec.tokens == alone.tokens
     assert all(len(t) == 24 for t in spec.tokens)
     rounds = spec.active.sum(0)
@@ -60,12 +70,12 @@ def test_rows_with_different_acceptance_stay_exact_per_row(target, other_draft, 
     assert any(len(set(row[spec.active[r]].tolist())) > 1 for r, row in enumerate(spec.n_accepted))
 
 
-@pytest.mark.parametrize("kind", ["agree", "disagree", "prompt_lookup"])
+@pytest.mark.parametrize("kind", ["agree", "disagree", "prompt_lookup", "ngram_lm", "retrieval+context"])
 @pytest.mark.parametrize("k", [1, 4])
-def test_eos_stops_and_nothing_after_it_is_committed(target, other_draft, prompts, kind, k):
+def test_eos_stops_and_nothing_after_it_is_committed(target, other_draft, prompts, ngram_files, kind, k):
     alone = _gen(target, prompts, None, max_new=24)
     eos = alone.tokens[0][5]  # a token the target emits at position 5 of row 0
-    spec = _gen(target, prompts, _drafters(kind, target, other_draft, k), max_new=24, eos=[eos])
+    spec = _gen(target, prompts, _drafters(kind, target, other_draft, k, ngram_files), max_new=24, eos=[eos])
     for b, row in enumerate(alone.tokens):
         expected = row[: row.index(eos) + 1] if eos in row else row
         assert spec.tokens[b] == expected
@@ -92,15 +102,21 @@ def _exact_two_token_distribution(target, prompt: list[int], sampling: SamplingC
     return (p1[:, None] * p2).flatten()
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
-@pytest.mark.parametrize("kind", ["none", "disagree", "prompt_lookup"])
-def test_sampled_first_two_tokens_follow_the_target(kind, sampling):
-    """Thousands of rows of one prompt in one batch: the engine's first two tokens ~ the target's."""
+@pytest.fixture(scope="module")
+def small_vocab_target(tmp_path_factory):
+    """A 12-token target (small enough to tabulate two-token distributions) and n-gram files for it."""
     target = tiny_model(10, layers=2, vocab_size=12, scale=4.0)
+    return target, build_ngram_files(target, tmp_path_factory.mktemp("ngram12"))
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+@pytest.mark.parametrize("kind", ["none", "disagree", "prompt_lookup", "ngram_lm", "retrieval", "retrieval+context"])
+def test_sampled_first_two_tokens_follow_the_target(small_vocab_target, kind, sampling):
+    """Thousands of rows of one prompt in one batch: the engine's first two tokens ~ the target's."""
+    target, files = small_vocab_target
     other = tiny_model(11, layers=1, vocab_size=12, scale=4.0)
     prompt = [3, 4, 5, 3, 4]
-    drafter = {"none": None, "disagree": SmallLMDrafter(target, other, k=3),
-               "prompt_lookup": PromptLookupDrafter(target, k=3)}[kind]
+    drafter = None if kind == "none" else _drafters(kind, target, other, 3, files)
     rows = 12_000
     out = _gen(target, [prompt] * rows, drafter, sampling=sampling, max_new=2, seed=5)
     pairs = torch.tensor([t[0] * 12 + t[1] for t in out.tokens])

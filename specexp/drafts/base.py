@@ -5,7 +5,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from specexp.core.sampling import SamplingConfig
+from specexp.core.sampling import SamplingConfig, logits_to_probs
 
 
 @dataclass
@@ -78,3 +78,22 @@ def one_hot_proposal(found: list[list[int]], vocab_size: int, device: torch.devi
     valid = torch.arange(K)[None, :] < n_proposed[:, None]  # [B, K]
     probs = torch.nn.functional.one_hot(tokens, vocab_size).float() * valid[..., None]  # [B, K, V]
     return Proposal(tokens=tokens.to(device), probs=probs.to(device), n_proposed=n_proposed.to(device))
+
+
+def warp_distribution(q: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Apply the shared warp to a draft that outputs probabilities [..., V] (log q as logits)."""
+    return logits_to_probs(q.log(), sampling)
+
+
+def stack_proposal(tokens: list[list[int]], probs: list[list[torch.Tensor]], vocab_size: int,
+                   device: torch.device) -> Proposal:
+    """Per-row drafted tokens and their q rows [V] (any lengths) -> a padded Proposal."""
+    B, K = len(tokens), max((len(t) for t in tokens), default=0)
+    drafted = torch.zeros(B, K, dtype=torch.long, device=device)
+    q = torch.zeros(B, K, vocab_size, device=device)
+    for b, (row_tokens, row_probs) in enumerate(zip(tokens, probs, strict=True)):
+        if row_tokens:
+            drafted[b, : len(row_tokens)] = torch.tensor(row_tokens, device=device)
+            q[b, : len(row_probs)] = torch.stack(row_probs)
+    n_proposed = torch.tensor([len(t) for t in tokens], dtype=torch.long, device=device)
+    return Proposal(tokens=drafted, probs=q, n_proposed=n_proposed)

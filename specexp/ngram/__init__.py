@@ -1,0 +1,1 @@
+"""Corpus-trained n-gram drafts: a Kneser-Ney LM and a suffix-array datastore (REST)."""

@@ -1,0 +1,82 @@
+"""Build n-gram drafts for a target: `python -m specexp.ngram {lm,datastore} --out FILE [corpus]`.
+
+  python -m specexp.ngram lm --out lm5.npz --order 5 --text 'texts/*.txt'
+  python -m specexp.ngram datastore --out store.npz --prompts mt_bench --prompt-limit 40
+
+The corpus is any mix of text data sets (--text, repeatable: local files, a glob of text
+files, or an HF name) and the target's own generations on a prompt set (--prompts:
+mt_bench or a question.jsonl / json / csv file), all tokenized with the target's tokenizer.
+"""
+
+import argparse
+import sys
+
+from specexp.core.sampling import SamplingConfig
+from specexp.data import mt_bench, prompts_from_dataset
+from specexp.errors import UserInputError
+from specexp.models import load_embedded_target, load_model
+from specexp.ngram.corpus import generated_documents, join_documents, text_documents, vocab_fingerprint
+from specexp.ngram.datastore import SuffixDatastore
+from specexp.ngram.kneser_ney import KneserNeyLM
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m specexp.ngram", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kind", choices=["lm", "datastore"], help="a Kneser-Ney LM or a retrieval datastore")
+    parser.add_argument("--out", required=True, help="output file (.npz)")
+    parser.add_argument("--order", type=int, default=5, help="n-gram order of the LM (1..8)")
+    parser.add_argument("--target", default="default", help="'default' (embedded SmolLM2) or a hub name / local folder")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--text", action="append", default=[], help="text data set: file, glob or HF name (repeatable)")
+    parser.add_argument("--text-column", default="text")
+    parser.add_argument("--max-documents", type=int, default=None, help="per text data set")
+    parser.add_argument("--prompts", default=None, help="prompt set the target answers: mt_bench or a file")
+    parser.add_argument("--prompt-text-column", default="turns")
+    parser.add_argument("--prompt-limit", type=int, default=None)
+    parser.add_argument("--generation-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the generations")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def build(args: argparse.Namespace) -> None:
+    if not args.text and not args.prompts:
+        raise UserInputError("no corpus given; pass --text and/or --prompts")
+    target = load_embedded_target(device=args.device) if args.target == "default" else load_model(args.target, device=args.device)
+    if target.tokenizer is None:
+        raise UserInputError(f"target '{target.name}' has no tokenizer")
+    documents = []
+    for source in args.text:
+        documents += text_documents(target, source, args.text_column, max_documents=args.max_documents)
+    if args.prompts:
+        if args.prompts == "mt_bench":
+            prompts = mt_bench(limit=args.prompt_limit, seed=args.seed)
+        else:
+            prompts = prompts_from_dataset(args.prompts, text_column=args.prompt_text_column, limit=args.prompt_limit,
+                                           seed=args.seed)
+        sampling = SamplingConfig(temperature=args.temperature)
+        documents += generated_documents(target, prompts, args.generation_tokens, sampling, args.batch_size, args.seed)
+    fingerprint = vocab_fingerprint(target)
+    separator = target.eos_token_ids[0] if target.eos_token_ids else 0
+    if args.kind == "lm":
+        model = KneserNeyLM.build(join_documents(documents, separator), args.order, target.vocab_size, fingerprint)
+    else:
+        model = SuffixDatastore.build(documents, target.vocab_size, fingerprint)
+    model.save(args.out)
+    n_tokens = sum(len(d) for d in documents)
+    print(f"wrote {args.out}: {args.kind} over {len(documents)} documents, {n_tokens} tokens")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        build(args)
+    except UserInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
