@@ -11,26 +11,21 @@ set against the analytical prediction. The markdown report goes to stdout and to
 
 import argparse
 import datetime
-import platform
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from common import decode_hf, decode_ours, machine
 from hydra import compose, initialize_config_dir
 
 from specexp.__main__ import CONFIG_DIR
-from specexp.core.engine import generate
-from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.models import LoadedModel, first_layers, load_embedded_target
 from specexp.study import run_from_config
-
-GREEDY = SamplingConfig()
 
 
 @dataclass
@@ -54,27 +49,17 @@ class Comparison:
 
 
 def ours(target: LoadedModel, ids: list[int], drafter, max_new: int) -> tuple[list[int], float]:
-    out = generate(target.model, [ids], drafter, GREEDY, max_new, target.eos_token_ids,
-                   torch.Generator().manual_seed(0), target.pad_token_id)
+    out = decode_ours(target, ids, drafter, max_new)
     return out.tokens[0], out.total_s
-
-
-@torch.inference_mode()
-def hf(target: LoadedModel, ids: list[int], max_new: int, **kwargs) -> tuple[list[int], float]:
-    x = torch.tensor([ids])
-    start = time.perf_counter()
-    out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
-                                pad_token_id=target.pad_token_id, **kwargs)
-    return out[0, len(ids):].tolist(), time.perf_counter() - start
 
 
 def compare(name: str, target, encoded, max_new: int, drafter, hf_kwargs: dict, repeats: int) -> Comparison:
     ours(target, encoded[0], drafter, 8)  # warm-up both sides
-    hf(target, encoded[0], 8, **hf_kwargs)
+    decode_hf(target, encoded[0], 8, **hf_kwargs)
     c = Comparison(name, [], [], [], [], [])
     for i, ids in enumerate(encoded * repeats):
         order = ("ours", "hf") if i % 2 == 0 else ("hf", "ours")
-        results = {side: ours(target, ids, drafter, max_new) if side == "ours" else hf(target, ids, max_new, **hf_kwargs)
+        results = {side: ours(target, ids, drafter, max_new) if side == "ours" else decode_hf(target, ids, max_new, **hf_kwargs)
                    for side in order}
         (o_tok, o_s), (h_tok, h_s) = results["ours"], results["hf"]
         # HF keeps the EOS token it stopped on, like our engine: lengths are comparable.
@@ -127,8 +112,7 @@ def main() -> None:
     lines = [
         f"# Engine vs Hugging Face generate ({datetime.date.today().isoformat()})",
         "",
-        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
-        f"CPU fp32. Target: {target.name}. MT-bench, {len(encoded)} prompts (one per category), greedy, "
+        f"Machine: {machine()}, fp32. Target: {target.name}. MT-bench, {len(encoded)} prompts (one per category), greedy, "
         f"max_new_tokens={args.max_new_tokens}, batch 1. Command: `python benchmarks/bench_engine.py "
         f"--prompts {args.prompts} --max-new-tokens {args.max_new_tokens} --k {args.k} --repeats {args.repeats}`.",
         "",

@@ -33,11 +33,13 @@ def _drafters(kind: str, target, other, k: int, files: dict[str, str] | None = N
         "ngram_lm": lambda: NgramLMDrafter(target, files["lm"], k=k),
         "retrieval": lambda: RetrievalDrafter(target, files["store"], k=k, combine_context=False),
         "retrieval+context": lambda: RetrievalDrafter(target, files["store"], k=k, max_match=4, context_max_n=3),
+        "ngram_lm_confident": lambda: NgramLMDrafter(target, files["lm"], k=k, min_confidence=0.3),
+        "retrieval_confident": lambda: RetrievalDrafter(target, files["store"], k=k, min_confidence=0.5),
     }[kind]()
 
 
 ALL_KINDS = ["agree", "disagree", "random", "prompt_lookup", "prompt_lookup_frequent", "ngram_lm", "retrieval",
-             "retrieval+context"]
+             "retrieval+context", "ngram_lm_confident", "retrieval_confident"]
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -50,8 +52,8 @@ def test_greedy_is_token_identical_to_target_alone(target, other_draft, prompts,
     assert spec.tokens == alone.tokens
     assert all(len(t) == 24 for t in spec.tokens)
     rounds = spec.active.sum(0)
-    if kind == "agree":  # a perfect draft: every round commits K+1 tokens
-        assert rounds.tolist() == [-(-24 // (k + 1))] * len(batch_prompts)
+    if kind == "agree":  # a perfect draft: the prompt pass gives 1 token, then every round K+1
+        assert rounds.tolist() == [-(-23 // (k + 1))] * len(batch_prompts)
         assert bool((spec.n_accepted[spec.active] == k).all())
 
 
@@ -110,7 +112,8 @@ def small_vocab_target(tmp_path_factory):
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
-@pytest.mark.parametrize("kind", ["none", "disagree", "prompt_lookup", "ngram_lm", "retrieval", "retrieval+context"])
+@pytest.mark.parametrize("kind", ["none", "disagree", "prompt_lookup", "ngram_lm", "ngram_lm_confident", "retrieval",
+                                  "retrieval+context"])
 def test_sampled_first_two_tokens_follow_the_target(small_vocab_target, kind, sampling):
     """Thousands of rows of one prompt in one batch: the engine's first two tokens ~ the target's."""
     target, files = small_vocab_target

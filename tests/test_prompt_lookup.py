@@ -21,8 +21,9 @@ def brute_force(seq: list[int], max_n: int, min_n: int, k: int, choice: str, max
         starts = [s for s in range(L - n) if seq[s : s + n] == seq[L - n :]]  # windows with a continuation
         if not starts:
             continue
-        if choice == "recent":
-            return n, seq[starts[-1] + n : starts[-1] + n + k]
+        if choice in ("recent", "first"):
+            s = starts[-1] if choice == "recent" else starts[0]
+            return n, seq[s + n : s + n + k]
         recent_first = [tuple(seq[s + n : s + n + k]) for s in reversed(starts[-max_candidates:])]
         counts = Counter(recent_first)
         return n, list(next(c for c in recent_first if counts[c] == max(counts.values())))
@@ -36,7 +37,7 @@ def brute_force(seq: list[int], max_n: int, min_n: int, k: int, choice: str, max
     max_n=st.integers(1, 5),
     min_n=st.integers(1, 5),
     k=st.integers(1, 8),
-    choice=st.sampled_from(["recent", "frequent"]),
+    choice=st.sampled_from(["recent", "first", "frequent"]),
 )
 def test_incremental_index_matches_brute_force(seq, chunks, max_n, min_n, k, choice):
     """Fed in random chunks (like rounds committing 1..K+1 tokens), every lookup equals the scan."""
@@ -55,6 +56,7 @@ def test_frequent_choice_prefers_the_common_continuation():
     index = ContextIndex(max_n=1, min_n=1)
     index.extend([7, 1, 7, 1, 7, 2, 7])
     assert index.lookup(1, "recent") == (1, [2])
+    assert index.lookup(1, "first") == (1, [1])
     assert index.lookup(1, "frequent") == (1, [1])
 
 

@@ -19,7 +19,10 @@ from specexp.drafts.base import Context, Drafter, Proposal
 
 @dataclass
 class GenerationOutput:
-    """Tokens and per-round statistics of one batch. Stats are returned, never logged here."""
+    """Tokens and per-round statistics of one batch. Stats are returned, never logged here.
+
+    Rounds are those after the prompt pass, which also yields the first new token.
+    """
 
     tokens: list[list[int]]  # generated ids per row (prompt excluded, EOS included if hit)
     n_proposed: torch.Tensor  # [R, B] draft tokens put to the target
@@ -29,7 +32,7 @@ class GenerationOutput:
     draft_s: list[float] = field(default_factory=list)  # [R] seconds proposing
     target_s: list[float] = field(default_factory=list)  # [R] seconds in the target pass + warp
     verify_s: list[float] = field(default_factory=list)  # [R] seconds verifying, committing, rewinding
-    prefill_s: float = 0.0  # prompt prefill of target and draft
+    prefill_s: float = 0.0  # prompt pass of the target (with the first new token) and draft reset
     total_s: float = 0.0  # wall clock of the whole call
 
 
@@ -49,6 +52,27 @@ def _first_true(x: torch.Tensor) -> torch.Tensor:
     N = x.shape[-1]
     idx = torch.arange(N, device=x.device).expand_as(x)
     return torch.where(x, idx, N).min(-1).values
+
+
+def _commit(ctx: Context, new: torch.Tensor, n_accepted: torch.Tensor, eos: torch.Tensor, max_new_tokens: int,
+            generated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Commit x_1..x_n and the resampled/bonus token of each row ([B, K+1] ``new``), cut after
+    an EOS and at max_new_tokens; finished rows commit nothing. Returns (n_emitted, generated)."""
+    K = new.shape[1] - 1
+    n_emit = n_accepted + 1
+    offsets = torch.arange(K + 1, device=new.device)
+    is_eos = torch.isin(new, eos) & (offsets < n_emit[:, None])  # [B, K+1]
+    first_eos = _first_true(is_eos)  # [B]
+    hit_eos = first_eos <= K
+    n_emit = torch.where(hit_eos, first_eos + 1, n_emit)
+    n_emit = torch.minimum(n_emit, max_new_tokens - generated)
+    active = ~ctx.done
+    n_emit = torch.where(active, n_emit, 0)
+    ctx.tokens.scatter_(1, ctx.lengths[:, None] + offsets, new)  # slots past lengths + n_emit stay scratch
+    ctx.lengths = ctx.lengths + n_emit
+    generated = generated + n_emit
+    ctx.done = ctx.done | (active & hit_eos) | (generated >= max_new_tokens)
+    return n_emit, generated
 
 
 @torch.inference_mode()
@@ -74,6 +98,7 @@ def generate(
     vocab_size = target.config.get_text_config().vocab_size
     k_max = drafter.k if drafter is not None else 0
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
+    no_draft = Proposal.empty(B, vocab_size, device)
 
     start_time = clock()
     prompt_ids, prompt_mask = left_pad(prompts, pad_token_id, device)  # [B, P]
@@ -89,11 +114,12 @@ def generate(
     )
     generated = torch.zeros(B, dtype=torch.long, device=device)
 
-    # The target cache holds every committed token but the tip, whose logits come next round.
+    # The prompt pass gives p for the first new token: a round without a draft. From then
+    # on the target cache holds every committed token but the tip, whose p comes next round.
     kv = RaggedKV.empty(target, B, device)
-    if P > 1:
-        kv.forward(target, prompt_ids[:, :-1], prompt_mask[:, :-1])
-    tip = prompt_ids[:, -1]  # [B]
+    first_probs = logits_to_probs(kv.forward(target, prompt_ids, prompt_mask), sampling)  # [B, 1, V]
+    _, tip = speculative_verify(no_draft.tokens, no_draft.probs, first_probs, generator)  # [B]
+    _, generated = _commit(ctx, tip[:, None], torch.zeros_like(tip), eos, max_new_tokens, generated)
     if drafter is not None:
         drafter.reset(ctx)
     sync()
@@ -101,13 +127,10 @@ def generate(
 
     out = GenerationOutput(tokens=[], n_proposed=None, n_accepted=None, n_emitted=None, active=None)
     logs: dict[str, list[torch.Tensor]] = {"n_proposed": [], "n_accepted": [], "n_emitted": [], "active": []}
-    while True:
+    while not bool(ctx.done.all()):  # the round's host sync
         t0 = clock()
         # 1. Propose up to K tokens per row with their q.
-        if drafter is None:
-            proposal = Proposal.empty(B, vocab_size, device)
-        else:
-            proposal = drafter.propose(ctx, sampling, generator)
+        proposal = no_draft if drafter is None else drafter.propose(ctx, sampling, generator)
         K = proposal.tokens.shape[1]
         sync()
         t1 = clock()
@@ -122,22 +145,11 @@ def generate(
         # 3. Verify.
         n_accepted, next_token = speculative_verify(proposal.tokens, proposal.probs, target_probs, generator)
 
-        # 4. Commit x_1..x_n then next_token, cut after an EOS and at max_new_tokens.
-        new = torch.cat([proposal.tokens, torch.zeros_like(tip)[:, None]], dim=1)  # [B, K+1]
-        new.scatter_(1, n_accepted[:, None], next_token[:, None])
-        n_emit = n_accepted + 1
-        offsets = torch.arange(K + 1, device=device)
-        is_eos = torch.isin(new, eos) & (offsets < n_emit[:, None])  # [B, K+1]
-        first_eos = _first_true(is_eos)  # [B]
-        hit_eos = first_eos <= K
-        n_emit = torch.where(hit_eos, first_eos + 1, n_emit)
-        n_emit = torch.minimum(n_emit, max_new_tokens - generated)
+        # 4. Commit x_1..x_n then next_token.
         active = ~ctx.done
-        n_emit = torch.where(active, n_emit, 0)
-        buf.scatter_(1, ctx.lengths[:, None] + offsets, new)  # slots past lengths + n_emit stay scratch
-        ctx.lengths = ctx.lengths + n_emit
-        generated = generated + n_emit
-        ctx.done = ctx.done | (active & hit_eos) | (generated >= max_new_tokens)
+        new = torch.cat([proposal.tokens, next_token[:, None]], dim=1)  # [B, K+1]
+        new.scatter_(1, n_accepted[:, None], next_token[:, None])
+        n_emit, generated = _commit(ctx, new, n_accepted, eos, max_new_tokens, generated)
 
         # 5. Rewind: the target keeps tip, x_1..x_n; the draft rewinds itself.
         kv.drop_last(K - n_accepted)
@@ -147,18 +159,16 @@ def generate(
         for name, value in (("n_proposed", proposal.n_proposed), ("n_accepted", n_accepted),
                             ("n_emitted", n_emit), ("active", active)):
             logs[name].append(value)
-        finished = bool(ctx.done.all())  # the round's host sync
         t3 = clock()
         out.draft_s.append(t1 - t0)
         out.target_s.append(t2 - t1)
         out.verify_s.append(t3 - t2)
-        if finished:
-            break
 
     out.total_s = clock() - start_time
     out.prefill_s = prefill_s
     for name, values in logs.items():
-        setattr(out, name, torch.stack(values).cpu())
+        empty = torch.zeros(0, B, dtype=torch.bool if name == "active" else torch.long)
+        setattr(out, name, torch.stack(values).cpu() if values else empty)
     lengths, buf = ctx.lengths.tolist(), buf.cpu()
     out.tokens = [buf[b, P : lengths[b]].tolist() for b in range(B)]
     return out

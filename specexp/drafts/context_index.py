@@ -29,15 +29,17 @@ class ContextIndex:
 
     def lookup(self, k: int, choice: str = "recent") -> tuple[int, list[int]]:
         """(n, continuation): the longest n whose suffix n-gram occurred before, and up to k
-        tokens that followed it (the most recent occurrence, or the continuation seen most
-        often among the last ``max_candidates``, ties to the most recent). (0, []) if none."""
+        tokens that followed it: at the most recent occurrence ("recent"), the earliest
+        ("first", what HF's prompt lookup takes), or the continuation seen most often among
+        the last ``max_candidates`` ("frequent", ties to the most recent). (0, []) if none."""
         tokens, L = self.tokens, len(self.tokens)
         for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
             starts = self.starts.get(tuple(tokens[L - n :]))
             if not starts:
                 continue
-            if choice == "recent":
-                return n, tokens[starts[-1] + n : starts[-1] + n + k]
+            if choice in ("recent", "first"):
+                s = starts[-1] if choice == "recent" else starts[0]
+                return n, tokens[s + n : s + n + k]
             recent_first = [tuple(tokens[s + n : s + n + k]) for s in reversed(starts[-self.max_candidates :])]
             counts = Counter(recent_first)
             best = max(counts.values())

@@ -15,13 +15,17 @@ class NgramLMDrafter:
     """Drafts K tokens from P_KN(. | last order-1 tokens), warped like the target.
 
     Under greedy decoding the warp makes q one-hot (the argmax continuation); under
-    sampling each token is drawn from the warped q that the verifier receives.
+    sampling each token is drawn from the warped q that the verifier receives. A row stops
+    drafting once the LM's own top probability falls below ``min_confidence``: an
+    adaptive draft length decided before verification, so exactness is untouched.
     """
 
-    def __init__(self, target: LoadedModel, path: str, k: int = 4):
+    def __init__(self, target: LoadedModel, path: str, k: int = 4, min_confidence: float = 0.0):
         if k < 1:
             raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1")
-        self.k = k
+        if not 0.0 <= min_confidence < 1.0:
+            raise UserInputError(f"draft.min_confidence={min_confidence} is outside [0, 1)")
+        self.k, self.min_confidence = k, min_confidence
         self.lm = KneserNeyLM.load(path)
         check_fingerprint(self.lm.fingerprint, target, path)
 
@@ -33,16 +37,22 @@ class NgramLMDrafter:
         tokens, start, lengths = ctx.tokens.cpu(), ctx.start.tolist(), ctx.lengths.tolist()
         contexts = [tokens[b, max(start[b], lengths[b] - n) : lengths[b]].tolist() for b in range(len(start))]
         drafted, probs = [], []
+        confident = ~ctx.done  # [B]: rows still drafting
+        n_proposed = torch.zeros_like(ctx.lengths)
         for _ in range(self.k):
-            q = torch.from_numpy(np.stack([self.lm.distribution(c) for c in contexts])).float().to(device)  # [B, V]
-            q = warp_distribution(q, sampling)
-            x = sample(q, generator)  # [B]
+            q_raw = torch.from_numpy(np.stack([self.lm.distribution(c) for c in contexts])).float().to(device)  # [B, V]
+            confident = confident & (q_raw.max(-1).values >= self.min_confidence)
+            if not bool(confident.any()):
+                break
+            q = warp_distribution(q_raw, sampling) * confident[:, None]  # zero q = not proposed
+            x = sample(q.clamp_min(0) + (~confident)[:, None], generator)  # [B]; any token for stopped rows
             drafted.append(x)
             probs.append(q)
+            n_proposed = n_proposed + confident.long()
             contexts = [(c + [t])[-n:] if n else [] for c, t in zip(contexts, x.tolist(), strict=True)]
-        drafted_tokens = torch.stack(drafted, 1)  # [B, K]
-        return Proposal(tokens=drafted_tokens, probs=torch.stack(probs, 1),
-                        n_proposed=torch.full_like(ctx.lengths, self.k))
+        if not drafted:
+            return Proposal.empty(len(contexts), self.lm.vocab_size, device)
+        return Proposal(tokens=torch.stack(drafted, 1), probs=torch.stack(probs, 1), n_proposed=n_proposed)
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         pass

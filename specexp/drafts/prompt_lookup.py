@@ -13,7 +13,7 @@ from specexp.drafts.context_index import ContextIndex
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
-CHOICES = ("recent", "frequent")
+CHOICES = ("recent", "first", "frequent")
 
 
 class PromptLookupDrafter:

@@ -15,11 +15,14 @@ from specexp.ngram.datastore import SEPARATOR, SuffixDatastore
 
 class RetrievalDrafter:
     def __init__(self, target: LoadedModel, path: str, k: int = 4, max_match: int = 16, max_occurrences: int = 256,
-                 combine_context: bool = True, context_max_n: int = 8):
+                 combine_context: bool = True, context_max_n: int = 8, min_confidence: float = 0.0):
         if k < 1:
             raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1")
         if max_match < 1 or max_occurrences < 1 or context_max_n < 1:
             raise UserInputError("draft.max_match, draft.max_occurrences and draft.context_max_n must be >= 1")
+        if not 0.0 <= min_confidence < 1.0:
+            raise UserInputError(f"draft.min_confidence={min_confidence} is outside [0, 1)")
+        self.min_confidence = min_confidence  # stop when the empirical top probability falls below it
         self.k, self.max_match, self.max_occurrences = k, max_match, max_occurrences
         self.combine_context, self.context_max_n = combine_context, context_max_n
         self.store = SuffixDatastore.load(path)
@@ -42,6 +45,8 @@ class RetrievalDrafter:
             if len(column) == 0:
                 break
             counts = torch.from_numpy(np.bincount(column, minlength=self.vocab_size)).float().to(device)
+            if counts.max() < self.min_confidence * counts.sum():
+                break
             q = warp_distribution(counts / counts.sum(), sampling)  # [V]
             x = int(sample(q, generator))
             tokens.append(x)
