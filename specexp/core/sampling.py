@@ -35,7 +35,8 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     logits = logits.float()
     if cfg.greedy:
         # One-hot argmax: with one-hot p and q the speculative rule *is* the greedy rule.
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        # (scatter into float zeros: F.one_hot would build an int64 tensor first, 3x the bytes)
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     logits = logits / cfg.temperature
     if cfg.top_k > 0 and cfg.top_k < logits.shape[-1]:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]

@@ -36,7 +36,6 @@ def speculative_verify(
     the first rejection, or the bonus token from ``target_probs[:, K]`` when all K pass.
     """
     B, K = draft_tokens.shape
-    V = target_probs.shape[-1]
     p_x = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, K]
     q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, K]
     u = torch.rand(B, K, generator=generator, device=draft_tokens.device)  # [B, K] in [0, 1)
@@ -46,12 +45,12 @@ def speculative_verify(
 
     # Residual at the first rejected position n. q counts as zero at position K, so rows
     # that accepted all K get the bonus token from p_K through the same line.
-    at_n = n_accepted[:, None, None].expand(B, 1, V)
-    p_n = target_probs.gather(1, at_n).squeeze(1)  # [B, V]
+    rows = torch.arange(B, device=draft_tokens.device)
+    p_n = target_probs[rows, n_accepted]  # [B, V]
     if K == 0:
         q_n = torch.zeros_like(p_n)
     else:
-        q_n = draft_probs.gather(1, at_n.clamp_max(K - 1)).squeeze(1) * (n_accepted < K)[:, None]  # [B, V]
+        q_n = draft_probs[rows, n_accepted.clamp_max(K - 1)] * (n_accepted < K)[:, None]  # [B, V]
     residual = (p_n - q_n).clamp_min(0)  # [B, V]
     # p_n == q_n leaves no mass; rejection then had probability 0, so only rounding got us
     # here and p_n is the right distribution.

@@ -76,7 +76,7 @@ def one_hot_proposal(found: list[list[int]], vocab_size: int, device: torch.devi
         tokens[b, : len(f)] = torch.tensor(f, dtype=torch.long)
     n_proposed = torch.tensor([len(f) for f in found], dtype=torch.long)
     valid = torch.arange(K)[None, :] < n_proposed[:, None]  # [B, K]
-    probs = torch.nn.functional.one_hot(tokens, vocab_size).float() * valid[..., None]  # [B, K, V]
+    probs = torch.zeros(B, K, vocab_size).scatter_(2, tokens[..., None], valid[..., None].float())  # [B, K, V]
     return Proposal(tokens=tokens.to(device), probs=probs.to(device), n_proposed=n_proposed.to(device))
 
 
