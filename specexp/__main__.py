@@ -10,11 +10,13 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from specexp.errors import UserInputError
 from specexp.report import print_summary
-from specexp.study import run_from_config
+from specexp.study import config_hash, run_job
+from specexp.tracking import JobResults
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -30,7 +32,8 @@ def _user_error(exc: BaseException) -> UserInputError | None:
 
 def _remove_run_folder(out_dir: Path) -> None:
     """Drop what Hydra wrote for a run that never started, so nothing half-written stays."""
-    shutil.rmtree(out_dir / ".hydra", ignore_errors=True)
+    for folder in (".hydra", ".partial"):
+        shutil.rmtree(out_dir / folder, ignore_errors=True)
     for log_file in out_dir.glob("*.log"):
         log_file.unlink()
     if out_dir.exists() and not any(out_dir.iterdir()):
@@ -57,17 +60,32 @@ def unknown_choice(args: list[str], config_dir: str = CONFIG_DIR) -> str | None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    label = hydra_cfg.job.override_dirname or "run"
+    results = JobResults(out_dir, config_hash(cfg))
+    if not cfg.force and (done := results.completed_summary()) is not None:
+        print(f"[skip] {label}: finished earlier with this config (force=true reruns it)")
+        return done["speedup"]
     try:
-        summary = run_from_config(cfg, out_dir)
+        summary = run_job(cfg, results)
     except Exception as exc:
         error = _user_error(exc)
+        if multirun:  # one failing job is recorded and the sweep goes on
+            results.record_failure(exc)
+            print(f"[failed] {label}: {error or exc}", file=sys.stderr)
+            return None
         if error is None:
+            results.record_failure(exc)
             raise
         _remove_run_folder(out_dir)
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    print_summary(summary, out_dir)
+    if multirun:
+        print(f"[done] {label}: alpha={summary['alpha']:.3f} tau={summary['tau']:.3f} speedup={summary['speedup']:.3f}")
+    else:
+        print_summary(summary, out_dir)
     return summary["speedup"]  # what a sweeper optimises
 
 

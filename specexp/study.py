@@ -5,6 +5,7 @@ decode the same batches in the same process, interleaved batch by batch (their o
 alternating) so that drift in machine speed hits both alike.
 """
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from itertools import groupby
@@ -24,7 +25,7 @@ from specexp.data import Prompt, encode_prompts
 from specexp.drafts.base import Drafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
-from specexp.tracking import LocalResults
+from specexp.tracking import JobResults
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class Study:
     sampling: SamplingConfig
     max_new_tokens: int
     batch_size: int
+    batch_by_category: bool
     seed: int
 
 
@@ -65,11 +67,14 @@ def prepare(cfg: DictConfig) -> Study:
                 f"prompt '{prompt.id}' has {len(ids)} tokens; with max_new_tokens={cfg.max_new_tokens} "
                 f"it exceeds the target's context of {context} tokens"
             )
-    return Study(target, drafter, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size, cfg.seed)
+    return Study(target, drafter, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
+                 cfg.batch_by_category, cfg.seed)
 
 
-def make_batches(prompts: list[Prompt], batch_size: int) -> list[list[int]]:
-    """Prompt indices in batches that never mix categories, so per-category timings are exact."""
+def make_batches(prompts: list[Prompt], batch_size: int, by_category: bool = True) -> list[list[int]]:
+    """Prompt indices in batches; by_category keeps categories apart, so per-category timings are exact."""
+    if not by_category:
+        return [list(range(s, min(s + batch_size, len(prompts)))) for s in range(0, len(prompts), batch_size)]
     order = sorted(range(len(prompts)), key=lambda i: (prompts[i].category or "", i))
     batches = []
     for _, group in groupby(order, key=lambda i: prompts[i].category):
@@ -103,7 +108,7 @@ def batch_record(out: GenerationOutput, mode: str, batch: int, category: str | N
             "total_s": out.total_s, "prefill_s": out.prefill_s}
 
 
-def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int) -> dict:
+def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_category: bool = True) -> dict:
     """Headline metrics of one run; each is defined in specexp.metrics or in the comment here."""
     spec, ar = rounds[rounds["mode"] == "spec"], rounds[rounds["mode"] == "ar"]
     spec_b, ar_b = batches[batches["mode"] == "spec"], batches[batches["mode"] == "ar"]
@@ -156,7 +161,8 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int) -> dict:
             summary["per_category"][cat] = {
                 "alpha": metrics.alpha(s["proposed"].to_numpy(), s["accepted"].to_numpy()),
                 "tau": metrics.tau(s["emitted"].to_numpy()),
-                "speedup": metrics.safe_ratio(cat_tps_spec, cat_tps_ar) if cat_tps_ar else None,
+                # Only exact when batches never mix categories.
+                "speedup": metrics.safe_ratio(cat_tps_spec, cat_tps_ar) if cat_tps_ar and batches_by_category else None,
             }
     return summary
 
@@ -176,7 +182,7 @@ def _answer_rows(
     return rows
 
 
-def run_study(study: Study, results: LocalResults, warmup: bool = True) -> dict:
+def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -> dict:
     """Decode every batch with the AR baseline and the draft; write results as batches finish."""
     target, drafter = study.target, study.drafter
     eos, pad = target.eos_token_ids, target.pad_token_id
@@ -190,8 +196,8 @@ def run_study(study: Study, results: LocalResults, warmup: bool = True) -> dict:
         decode([0], False, study.seed, 4)
         decode([0], True, study.seed, 4)
 
-    batches = make_batches(study.prompts, study.batch_size)
-    rounds, batch_records, matches = [], [], []
+    batches = make_batches(study.prompts, study.batch_size, study.batch_by_category)
+    rounds, batch_records, all_answers = [], [], []
     progress = tqdm(batches, desc="prompts", unit="batch", dynamic_ncols=True)
     for n, indices in enumerate(progress):
         seed = study.seed + n  # per batch, so any batch can be reproduced alone
@@ -203,26 +209,48 @@ def run_study(study: Study, results: LocalResults, warmup: bool = True) -> dict:
         rounds += [round_table(spec, batch_prompts, "spec", n, drafter.k), round_table(ar, batch_prompts, "ar", n, 0)]
         batch_records += [batch_record(spec, "spec", n, category), batch_record(ar, "ar", n, category)]
         answers = _answer_rows(study.prompts, indices, spec, ar, target.tokenizer)
-        matches += [row["identical"] for row in answers]
+        all_answers += answers
         results.add_answers(answers)
         progress.set_postfix(spec_tok_s=f"{batch_records[-2]['tokens'] / spec.total_s:.1f}",
                              ar_tok_s=f"{batch_records[-1]['tokens'] / ar.total_s:.1f}")
 
     rounds_df = pd.concat(rounds, ignore_index=True)
-    summary = summarize(rounds_df, pd.DataFrame(batch_records), drafter.k)
+    summary = summarize(rounds_df, pd.DataFrame(batch_records), drafter.k, study.batch_by_category)
     # greedy_match: fraction of prompts whose speculative tokens equal the AR baseline's.
     # Only defined under greedy decoding, where it must be 1.0.
-    summary["greedy_match"] = float(np.mean(matches)) if study.sampling.greedy else None
+    summary["greedy_match"] = float(np.mean([a["identical"] for a in all_answers])) if study.sampling.greedy else None
     summary["n_prompts"] = len(study.prompts)
     summary["target"] = target.name
     summary["draft"] = type(drafter).__name__
     results.finish(summary, rounds_df)
+    tracker.log_run(summary, rounds_df, all_answers)
+    return summary
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """Identifies what a job computes: the resolved config without force and logger."""
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    for key in ("force", "logger"):
+        plain.pop(key, None)
+    resolved = OmegaConf.to_yaml(OmegaConf.create(plain), resolve=True)
+    return hashlib.sha256(resolved.encode()).hexdigest()[:16]
+
+
+def run_job(cfg: DictConfig, results: JobResults) -> dict:
+    """Check every input, then decode and write one job's results (and log them)."""
+    study = prepare(cfg)
+    results.begin(OmegaConf.to_yaml(cfg, resolve=True))
+    tracker = instantiate(cfg.logger)(config=OmegaConf.to_container(cfg, resolve=True))
+    failed = True
+    try:
+        torch.manual_seed(cfg.seed)
+        summary = run_study(study, results, tracker, warmup=cfg.warmup)
+        failed = False
+    finally:
+        tracker.finish(failed=failed)  # one failed job never breaks W&B for the next
     return summary
 
 
 def run_from_config(cfg: DictConfig, out_dir: Path) -> dict:
-    study = prepare(cfg)
-    results = LocalResults(out_dir)
-    results.write_config(OmegaConf.to_yaml(cfg, resolve=True))
-    torch.manual_seed(cfg.seed)
-    return run_study(study, results, warmup=cfg.warmup)
+    """A job outside Hydra's runner (benchmarks, notebooks)."""
+    return run_job(cfg, JobResults(out_dir, config_hash(cfg)))

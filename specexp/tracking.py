@@ -3,6 +3,8 @@
 import json
 import logging
 import os
+import shutil
+import traceback
 from pathlib import Path
 
 import pandas as pd
@@ -16,29 +18,54 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class LocalResults:
-    """A run's folder: answers.jsonl grows per batch; summary.json and rounds.parquet land at the end."""
+RESULT_FILES = ("config.yaml", "answers.jsonl", "rounds.parquet", "summary.json", "error.json")
 
-    def __init__(self, out_dir: Path):
+
+class JobResults:
+    """One job's folder. Results are staged in ``.partial/`` and moved in when the job
+    completes, summary.json last, so a killed job leaves no partial results and a
+    summary.json means a complete run of the config whose hash it records."""
+
+    def __init__(self, out_dir: Path, config_hash: str):
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.answers_path = self.out_dir / "answers.jsonl"
-        self.answers_path.write_text("")
+        self.config_hash = config_hash
+        self.staging = self.out_dir / ".partial"
 
-    def write_config(self, config_yaml: str) -> None:
-        write_atomic(self.out_dir / "config.yaml", config_yaml.encode())
+    def completed_summary(self) -> dict | None:
+        """The summary of a finished run of this same config, if there is one."""
+        path = self.out_dir / "summary.json"
+        if not path.exists():
+            return None
+        summary = json.loads(path.read_text())
+        return summary if summary.get("config_hash") == self.config_hash else None
+
+    def begin(self, config_yaml: str) -> None:
+        for name in RESULT_FILES:  # a rerun replaces whatever an earlier run left
+            (self.out_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+        (self.staging / "config.yaml").write_text(config_yaml)
+        (self.staging / "answers.jsonl").write_text("")
 
     def add_answers(self, rows: list[dict]) -> None:
-        with self.answers_path.open("a") as f:
+        """Append one batch's answers as it completes."""
+        with (self.staging / "answers.jsonl").open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
-            f.flush()
 
     def finish(self, summary: dict, rounds: pd.DataFrame) -> None:
-        tmp = self.out_dir / "rounds.parquet.tmp"
-        rounds.to_parquet(tmp, index=False)
-        os.replace(tmp, self.out_dir / "rounds.parquet")
-        # summary.json last: its presence marks a complete run.
+        rounds.to_parquet(self.staging / "rounds.parquet", index=False)
+        for name in ("config.yaml", "answers.jsonl", "rounds.parquet"):
+            os.replace(self.staging / name, self.out_dir / name)
+        summary = {**summary, "status": "ok", "config_hash": self.config_hash}
         write_atomic(self.out_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def record_failure(self, error: BaseException) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        record = {"status": "failed", "error": f"{type(error).__name__}: {error}", "config_hash": self.config_hash,
+                  "traceback": "".join(traceback.format_exception(error))}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.out_dir / "error.json", (json.dumps(record, indent=2) + "\n").encode())
 
 
 class NullTracker:

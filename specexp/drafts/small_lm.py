@@ -6,7 +6,7 @@ from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.drafts.base import Context, Proposal
 from specexp.errors import UserInputError
-from specexp.models import LoadedModel, load_model
+from specexp.models import LoadedModel, first_layers, load_model
 
 
 def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
@@ -85,3 +85,8 @@ class SmallLMDrafter:
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         # The cache took x_1..x_{K-1}; keep the accepted ones, the rest of the round is fed next time.
         self.kv.drop_last((self.k - 1) - n_accepted.clamp(max=self.k - 1))
+
+
+def target_prefix_drafter(target: LoadedModel, n_layers: int = 4, k: int = 4) -> SmallLMDrafter:
+    """A small_lm draft that needs no download: a copy of the target's first n layers + its head."""
+    return SmallLMDrafter(target, first_layers(target, n_layers), k=k)

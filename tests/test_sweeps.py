@@ -1,0 +1,146 @@
+"""Studies: experiments compose, a smoke sweep runs and collects, W&B offline and failing,
+failure isolation, resume, and a SIGKILLed job."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from specexp.__main__ import CONFIG_DIR
+from tests.wandb_reader import offline_run
+
+REPO = Path(__file__).resolve().parent.parent
+EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
+
+
+def run_cli(*args: str, module: str = "specexp", timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("size", ["default", "smoke"])
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_as_a_multirun(experiment, size):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={experiment}", f"size={size}"], return_hydra_config=True)
+    assert cfg.hydra.mode.name == "MULTIRUN" and cfg.hydra.sweeper.params
+    assert cfg.experiment_name == experiment
+    if size == "smoke":
+        assert cfg.data.limit == 2 and cfg.max_new_tokens == 8
+
+
+@pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_slurm", "submitit_local"])
+@pytest.mark.parametrize("logger", ["none", "wandb"])
+def test_launchers_and_loggers_compose(launcher, logger):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=k_sweep", f"hydra/launcher={launcher}", f"logger={logger}"],
+                      return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.startswith("hydra")
+    assert cfg.logger._target_.startswith("specexp.tracking.")
+
+
+@pytest.mark.default_target
+def test_smoke_k_sweep_runs_and_collects(tmp_path):
+    sweep = tmp_path / "k_sweep"
+    out = run_cli("experiment=k_sweep", "size=smoke", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("[done]") == 12  # one line per finished job
+    out = run_cli(str(sweep), module="specexp.collect")
+    assert out.returncode == 0, out.stderr
+    table = pd.read_parquet(sweep / "collected.parquet")
+    assert len(table) == 12 and set(table["status"]) == {"ok"}
+    assert {"cfg.draft.k", "choice.draft", "alpha", "tau", "speedup", "cost_ratio_c", "predicted_speedup",
+            "acceptance_pos1", "greedy_match"} <= set(table.columns)
+    assert sorted(table["cfg.draft.k"].unique()) == [1, 2, 3, 4, 6, 8]
+    assert set(table["choice.draft"]) == {"prompt_lookup", "target_prefix"}
+    assert (table["greedy_match"] == 1.0).all()
+    assert (sweep / "collected.csv").exists() and "12 jobs" in out.stdout
+
+
+@pytest.mark.default_target
+def test_wandb_offline_run_is_written_and_read_back(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli("logger=wandb", "data.limit=2", "max_new_tokens=6", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (wandb_dir,) = (run_dir / "wandb").glob("offline-run-*")
+    run = offline_run(wandb_dir)
+    assert run["summary"]["speedup"] == pytest.approx(summary["speedup"])
+    assert run["summary"]["alpha"] == pytest.approx(summary["alpha"])
+    assert run["group"] == "default" and run["job_type"] == "prompt_lookup"
+    assert "draft=prompt_lookup" in run["tags"] and "k=4" in run["tags"]
+    assert run["config"]["draft"]["k"] == 4 and run["config"]["max_new_tokens"] == 6
+    curve = run["tables"]["acceptance_curve"]
+    assert curve["columns"] == ["position", "acceptance"]
+    expected = [[i + 1, a] for i, a in enumerate(summary["acceptance_curve"]) if a is not None]
+    assert [x for row in curve["data"] for x in row] == pytest.approx([x for row in expected for x in row])
+    assert len(run["tables"]["samples"]["data"]) == 2
+    assert set(run["tables"]) >= {"per_category", "rounds_sample", "samples"}
+
+
+@pytest.mark.default_target
+@pytest.mark.parametrize("breakage", [["logger.dir=/dev/null/wandb"], ["logger.mode=no-such-mode"]])
+def test_failing_wandb_keeps_local_results_and_the_job(tmp_path, breakage):
+    run_dir = tmp_path / "run"
+    out = run_cli("logger=wandb", *breakage, "data.limit=1", "max_new_tokens=4", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "W&B disabled for this run" in out.stdout + out.stderr  # Hydra's job logging prints to stdout
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "ok"
+
+
+@pytest.mark.default_target
+def test_failing_job_is_isolated_and_rerun_skips_finished_jobs(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "draft.k=0,2", "size=smoke", "data.limit=1", f"hydra.sweep.dir={sweep}"]
+    out = run_cli(*args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[failed] data.limit=1,draft.k=0" in out.stderr and "[done] data.limit=1,draft.k=2" in out.stdout
+    failed, ok = sweep / "data.limit=1,draft.k=0,size=smoke", sweep / "data.limit=1,draft.k=2,size=smoke"  # sorted keys
+    assert "draft.k=0 is not allowed" in json.loads((failed / "error.json").read_text())["error"]
+    assert not (failed / "summary.json").exists()
+    finished = (ok / "summary.json").stat().st_mtime_ns
+    rerun = run_cli(*args)
+    assert rerun.returncode == 0
+    assert "[skip] data.limit=1,draft.k=2" in rerun.stdout and "[failed] data.limit=1,draft.k=0" in rerun.stderr
+    assert (ok / "summary.json").stat().st_mtime_ns == finished
+    forced = run_cli(*args, "force=true")
+    assert "[done] data.limit=1,draft.k=2" in forced.stdout and (ok / "summary.json").stat().st_mtime_ns != finished
+    table = run_cli(str(sweep), module="specexp.collect")
+    collected = pd.read_parquet(sweep / "collected.parquet")
+    assert table.returncode == 0 and sorted(collected["status"]) == ["failed", "ok"]
+
+
+@pytest.mark.default_target
+def test_sigkilled_job_leaves_no_partial_results_and_rerun_fills_the_gap(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = [sys.executable, "-m", "specexp", "-m", "draft.k=1,2", "data.limit=2", "max_new_tokens=40", "warmup=false",
+            f"hydra.sweep.dir={sweep}"]
+    first, second = (sweep / f"data.limit=2,draft.k={k},max_new_tokens=40,warmup=False" for k in (1, 2))
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while not (second / ".partial" / "answers.jsonl").exists():
+        assert time.time() < deadline and proc.poll() is None, "the second job never started"
+        time.sleep(0.2)
+    time.sleep(1.0)  # mid-decode of the second job
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (first / "summary.json").exists()
+    assert not any((second / name).exists() for name in ("summary.json", "rounds.parquet", "answers.jsonl"))
+    out = run_cli(*args[3:])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[skip] data.limit=2,draft.k=1" in out.stdout and "[done] data.limit=2,draft.k=2" in out.stdout
+    assert json.loads((second / "summary.json").read_text())["status"] == "ok"
+    assert not (second / ".partial").exists()
+    collected = run_cli(str(sweep), module="specexp.collect")
+    assert collected.returncode == 0 and "2 jobs" in collected.stdout
+    assert OmegaConf.load(second / "config.yaml").draft.k == 2

@@ -1,0 +1,51 @@
+"""Read an offline W&B run back without a server: its .wandb log through wandb's own protobuf
+schema (a LevelDB-style log: 7-byte header, 32 KiB blocks of crc32/length/type records)."""
+
+import json
+import struct
+from pathlib import Path
+
+from wandb.proto import wandb_internal_pb2
+
+HEADER, BLOCK, RECORD_HEADER = 7, 32768, 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def records(path: Path) -> list:
+    data, pos, parts, out = path.read_bytes(), HEADER, b"", []
+    while pos + RECORD_HEADER <= len(data):
+        if BLOCK - pos % BLOCK < RECORD_HEADER:  # block trailer padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + RECORD_HEADER])
+        chunk = data[pos + RECORD_HEADER : pos + RECORD_HEADER + length]
+        pos += RECORD_HEADER + length
+        if kind in (FULL, LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts + chunk if kind == LAST else chunk)
+            out.append(record)
+            parts = b""
+        elif kind in (FIRST, MIDDLE):
+            parts += chunk
+    return out
+
+
+def offline_run(run_dir: Path) -> dict:
+    """{'summary': {...}, 'config': {...}, 'tags': [...], 'group': str, 'job_type': str, 'tables': {key: table json}}."""
+    (log,) = run_dir.glob("run-*.wandb")
+    summary, config, run = {}, {}, None
+    for record in records(log):
+        kind = record.WhichOneof("record_type")
+        if kind == "summary":
+            for item in record.summary.update:
+                summary["/".join(item.nested_key) or item.key] = json.loads(item.value_json)
+        elif kind == "run":  # the config given to wandb.init rides on the run record
+            run = record.run
+            for item in run.config.update:
+                config[item.key] = json.loads(item.value_json)
+    tables = {}
+    for key, value in summary.items():
+        if key.endswith("/path") and str(value).endswith(".table.json"):
+            tables[key[: -len("/path")]] = json.loads((run_dir / "files" / value).read_text())
+    return {"summary": summary, "config": config, "tags": list(run.tags), "group": run.run_group,
+            "job_type": run.job_type, "tables": tables}
