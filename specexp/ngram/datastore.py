@@ -13,6 +13,7 @@ import numpy as np
 from pydivsufsort import divsufsort
 
 from specexp.errors import UserInputError
+from specexp.ngram.corpus import join_documents
 from specexp.ngram.storage import load_npz, save_npz
 
 SEPARATOR = -1  # between documents; sorts before every token, never continues a match
@@ -27,13 +28,9 @@ class SuffixDatastore:
 
     @classmethod
     def build(cls, documents: list[list[int]], vocab_size: int, fingerprint: str) -> "SuffixDatastore":
-        stream = []
-        for doc in documents:
-            stream.extend(doc)
-            stream.append(SEPARATOR)
         if not any(documents):
             raise UserInputError("the retrieval corpus is empty; give text or generations with at least one token")
-        tokens = np.asarray(stream, dtype=np.int32)
+        tokens = join_documents(documents, SEPARATOR).astype(np.int32)
         if tokens.max() >= vocab_size:
             raise UserInputError(f"corpus token ids must lie in 0..{vocab_size - 1}")
         return cls(tokens, divsufsort(tokens).astype(np.int64), vocab_size, fingerprint)

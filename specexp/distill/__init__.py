@@ -1,0 +1,1 @@
+"""Draft distillation with PyTorch Lightning: a student LM trained on the frozen target's distributions."""
