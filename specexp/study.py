@@ -6,7 +6,6 @@ alternating) so that drift in machine speed hits both alike.
 """
 
 import hashlib
-import logging
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
@@ -26,8 +25,6 @@ from specexp.drafts.base import Drafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.tracking import JobResults
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
