@@ -112,12 +112,17 @@ def test_distill_command_end_to_end(tmp_path):
     corpus.write_text("\n".join(f"Step {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(300)))
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "specexp.distill", "data.corpus.prompts=null", f"data.corpus.text=[{corpus}]",
-                          "trainer.max_steps=6", "trainer.val_check_interval=3", "student.hidden_size=64",
-                          "student.intermediate_size=128", "data.loader.block_size=64", f"hydra.run.dir={run_dir}"],
+                          "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.log_every_n_steps=1",
+                          "student.hidden_size=64",
+                          "student.intermediate_size=128", "data.loader.block_size=64", f"hydra.run.dir={run_dir}",
+                          f"trainer_logger={{_target_:lightning.pytorch.loggers.CSVLogger,save_dir:{tmp_path / 'logs'}}}"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "student exported to" in out.stdout
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
+    (metrics_file,) = (tmp_path / "logs").rglob("metrics.csv")  # the logger got val/alpha and the LR
+    header = metrics_file.read_text().splitlines()[0]
+    assert "val/alpha" in header and "lr-AdamW" in header
     config = json.loads((run_dir / "student" / "config.json").read_text())
     assert config["vocab_size"] == 49152 and config["num_hidden_layers"] == 2
     bad = subprocess.run([sys.executable, "-m", "specexp.distill", "objective=l2", "data.corpus.prompts=null",

@@ -34,8 +34,10 @@ def distill(cfg: DictConfig, out_dir: Path) -> dict:
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=out_dir / "checkpoints", monitor="val/alpha", mode="max",
                                                      save_last=True, filename="step{step}-alpha{val/alpha:.4f}",
                                                      auto_insert_metric_name=False)
-    callbacks = [checkpoint, L.pytorch.callbacks.LearningRateMonitor(logging_interval="step")]
     logger = instantiate(cfg.trainer_logger) if cfg.trainer_logger else False
+    callbacks = [checkpoint]
+    if logger:  # the LR monitor writes to the logger; Lightning refuses it without one
+        callbacks.append(L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"))
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, default_root_dir=str(out_dir))
     ckpt_path = cfg.ckpt_path
     if ckpt_path == "last":
