@@ -6,6 +6,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from specexp.core.sampling import SamplingConfig, logits_to_probs
+from specexp.errors import UserInputError
 
 
 @dataclass
@@ -68,16 +69,27 @@ def committed_tokens(ctx: Context, already_seen: list[int]) -> list[list[int]]:
     return [tokens[b, start[b] + seen : lengths[b]].tolist() for b, seen in enumerate(already_seen)]
 
 
+def check_k(k: int) -> None:
+    if k < 1:
+        raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1")
+
+
+def _pad_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row token lists (any lengths) -> tokens [B, K] (zero-padded) and n_proposed [B]."""
+    B, K = len(rows), max((len(r) for r in rows), default=0)
+    tokens = torch.zeros(B, K, dtype=torch.long)
+    for b, row in enumerate(rows):
+        tokens[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return tokens.to(device), torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
+
+
 def one_hot_proposal(found: list[list[int]], vocab_size: int, device: torch.device) -> Proposal:
     """A deterministic draft's proposal: per-row token lists (any lengths) -> padded tokens, one-hot q."""
-    B, K = len(found), max((len(f) for f in found), default=0)
-    tokens = torch.zeros(B, K, dtype=torch.long)
-    for b, f in enumerate(found):
-        tokens[b, : len(f)] = torch.tensor(f, dtype=torch.long)
-    n_proposed = torch.tensor([len(f) for f in found], dtype=torch.long)
-    valid = torch.arange(K)[None, :] < n_proposed[:, None]  # [B, K]
-    probs = torch.zeros(B, K, vocab_size).scatter_(2, tokens[..., None], valid[..., None].float())  # [B, K, V]
-    return Proposal(tokens=tokens.to(device), probs=probs.to(device), n_proposed=n_proposed.to(device))
+    tokens, n_proposed = _pad_rows(found, device)
+    valid = torch.arange(tokens.shape[1], device=device)[None, :] < n_proposed[:, None]  # [B, K]
+    probs = torch.zeros(*tokens.shape, vocab_size, device=device).scatter_(2, tokens[..., None],
+                                                                           valid[..., None].float())  # [B, K, V]
+    return Proposal(tokens=tokens, probs=probs, n_proposed=n_proposed)
 
 
 def warp_distribution(q: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -88,12 +100,9 @@ def warp_distribution(q: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor
 def stack_proposal(tokens: list[list[int]], probs: list[list[torch.Tensor]], vocab_size: int,
                    device: torch.device) -> Proposal:
     """Per-row drafted tokens and their q rows [V] (any lengths) -> a padded Proposal."""
-    B, K = len(tokens), max((len(t) for t in tokens), default=0)
-    drafted = torch.zeros(B, K, dtype=torch.long, device=device)
-    q = torch.zeros(B, K, vocab_size, device=device)
-    for b, (row_tokens, row_probs) in enumerate(zip(tokens, probs, strict=True)):
-        if row_tokens:
-            drafted[b, : len(row_tokens)] = torch.tensor(row_tokens, device=device)
+    drafted, n_proposed = _pad_rows(tokens, device)
+    q = torch.zeros(*drafted.shape, vocab_size, device=device)
+    for b, row_probs in enumerate(probs):
+        if row_probs:
             q[b, : len(row_probs)] = torch.stack(row_probs)
-    n_proposed = torch.tensor([len(t) for t in tokens], dtype=torch.long, device=device)
     return Proposal(tokens=drafted, probs=q, n_proposed=n_proposed)

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from specexp.core.sampling import SamplingConfig, sample
-from specexp.drafts.base import Context, Proposal, warp_distribution
+from specexp.drafts.base import Context, Proposal, check_k, warp_distribution
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.ngram.corpus import check_fingerprint
@@ -21,8 +21,7 @@ class NgramLMDrafter:
     """
 
     def __init__(self, target: LoadedModel, path: str, k: int = 4, min_confidence: float = 0.0):
-        if k < 1:
-            raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1")
+        check_k(k)
         if not 0.0 <= min_confidence < 1.0:
             raise UserInputError(f"draft.min_confidence={min_confidence} is outside [0, 1)")
         self.k, self.min_confidence = k, min_confidence

@@ -8,7 +8,7 @@ with probability p(x) (exactly the greedy rule at temperature 0).
 import torch
 
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import Context, Proposal, committed_tokens, one_hot_proposal
+from specexp.drafts.base import Context, Proposal, check_k, committed_tokens, one_hot_proposal
 from specexp.drafts.context_index import ContextIndex
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
@@ -18,8 +18,7 @@ CHOICES = ("recent", "first", "frequent")
 
 class PromptLookupDrafter:
     def __init__(self, target: LoadedModel, k: int = 4, max_n: int = 3, min_n: int = 1, choice: str = "recent"):
-        if k < 1:
-            raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1")
+        check_k(k)
         if not 1 <= min_n <= max_n:
             raise UserInputError(f"prompt lookup needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if choice not in CHOICES:

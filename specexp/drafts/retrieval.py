@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from specexp.core.sampling import SamplingConfig, sample
-from specexp.drafts.base import Context, Proposal, committed_tokens, stack_proposal, warp_distribution
+from specexp.drafts.base import Context, Proposal, check_k, committed_tokens, stack_proposal, warp_distribution
 from specexp.drafts.context_index import ContextIndex
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
@@ -16,8 +16,7 @@ from specexp.ngram.datastore import SEPARATOR, SuffixDatastore
 class RetrievalDrafter:
     def __init__(self, target: LoadedModel, path: str, k: int = 4, max_match: int = 16, max_occurrences: int = 256,
                  combine_context: bool = True, context_max_n: int = 8, min_confidence: float = 0.0):
-        if k < 1:
-            raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1")
+        check_k(k)
         if max_match < 1 or max_occurrences < 1 or context_max_n < 1:
             raise UserInputError("draft.max_match, draft.max_occurrences and draft.context_max_n must be >= 1")
         if not 0.0 <= min_confidence < 1.0:

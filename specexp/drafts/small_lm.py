@@ -4,7 +4,7 @@ import torch
 
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
-from specexp.drafts.base import Context, Proposal
+from specexp.drafts.base import Context, Proposal, check_k
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, first_layers, load_model
 
@@ -40,8 +40,7 @@ class SmallLMDrafter:
     """
 
     def __init__(self, target: LoadedModel, model: str | LoadedModel, k: int = 4, dtype: str = "auto", device: str | None = None):
-        if k < 1:
-            raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1")
+        check_k(k)
         self.k = k
         if isinstance(model, str):
             model = load_model(model, dtype=dtype, device=device or str(target.model.device))
