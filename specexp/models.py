@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from specexp.drafts.draft_vocab import DraftVocab
 from specexp.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -25,9 +26,13 @@ class LoadedModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None  # None for tiny test models that work on ids
     name: str
+    draft_vocab: DraftVocab | None = None  # a reduced-vocabulary draft's map to its target's ids
 
     @property
     def vocab_size(self) -> int:
+        """Size of the token-id space: the target's for a reduced-vocabulary draft."""
+        if self.draft_vocab is not None:
+            return self.draft_vocab.target_vocab_size
         return self.model.config.get_text_config().vocab_size
 
     @property
@@ -85,7 +90,8 @@ def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", ggu
         tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
     except (OSError, ValueError, TypeError):
         tokenizer = None  # a model folder without a tokenizer still works on token ids
-    return LoadedModel(model=model.to(torch_device).eval(), tokenizer=tokenizer, name=name_or_path)
+    return LoadedModel(model=model.to(torch_device).eval(), tokenizer=tokenizer, name=name_or_path,
+                       draft_vocab=DraftVocab.load(local) if local.is_dir() else None)
 
 
 def cache_root() -> Path:

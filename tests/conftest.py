@@ -40,6 +40,18 @@ def noisy_copy(model: LoadedModel, noise: float, seed: int) -> LoadedModel:
     return LoadedModel(model=copy, tokenizer=None, name=f"{model.name}-noisy{noise}")
 
 
+def reduced_vocab_copy(model: LoadedModel, keep_every: int = 2) -> LoadedModel:
+    """The model restricted to every keep_every-th token id (+ EOS) as a reduced-vocabulary draft."""
+    from specexp.distill.student import student_from_target
+    from specexp.drafts.draft_vocab import DraftVocab
+
+    kept = sorted(set(range(0, model.vocab_size, keep_every)) | {EOS})
+    layers = list(range(model.model.config.num_hidden_layers))
+    draft = student_from_target(model, layers, DraftVocab(kept, model.vocab_size))
+    draft.model.to(model.model.dtype).eval()
+    return draft
+
+
 @pytest.fixture(scope="session")
 def other_draft(target) -> LoadedModel:
     """Same vocabulary, perturbed weights: agrees with the target on part of the tokens."""

@@ -1,5 +1,6 @@
-"""Draft distillation: training improves the student, exports load as exact small_lm drafts,
-resume continues from the saved step, and bad input is refused."""
+"""Draft distillation: training improves the student (live or cached teacher, off- or on-policy,
+full or reduced vocabulary), exports load as exact small_lm drafts, resume continues from the
+saved step, and bad input is refused."""
 
 import json
 import subprocess
@@ -12,15 +13,18 @@ import torch
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.distill.data import DistillDataModule
-from specexp.distill.module import DistillModule
-from specexp.distill.student import build_student
+from specexp.distill.__main__ import export_student
+from specexp.distill.data import DistillDataModule, documents_from_blocks, token_blocks, with_teacher_top_k
+from specexp.distill.module import DistillModule, is_on_policy_step
+from specexp.distill.student import build_student, student_from_target
+from specexp.drafts.draft_vocab import DraftVocab, frequent_tokens
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import load_model
 from tests.conftest import EOS, tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
+TINY_STUDENT = dict(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64)
 
 
 def target_documents(target, n: int = 48, length: int = 40, seed: int = 0) -> list[list[int]]:
@@ -40,32 +44,73 @@ def trainer(tmp_path, max_steps: int, **kwargs) -> L.Trainer:
 def tiny_pair():
     target = tiny_model(0, layers=2, vocab_size=64, scale=3.0)
     target.model.float()
-    return target, target_documents(target)
+    return target, token_blocks(target_documents(target), EOS, 32)
+
+
+def fit_and_validate(tmp_path, module, dataset, steps: int = 60) -> tuple[dict, dict]:
+    """Held-out metrics before and after `steps` training steps."""
+    data = DistillDataModule(dataset, batch_size=8)
+    before = trainer(tmp_path, 1).validate(module, datamodule=data, verbose=False)[0]
+    trainer(tmp_path, steps, enable_checkpointing=False).fit(module, datamodule=data)
+    after = trainer(tmp_path, 1).validate(module, datamodule=data, verbose=False)[0]
+    return before, after
 
 
 @pytest.mark.parametrize("objective_name", ["tvd", "forward_kl", "reverse_kl", "jsd"])
 def test_training_decreases_loss_and_heldout_tvd(tiny_pair, tmp_path, objective_name):
-    target, documents = tiny_pair
+    target, blocks = tiny_pair
     L.seed_everything(0)
-    student = build_student(target, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64)
-    module = DistillModule(student, target.model, objective_name, lr=3e-3, warmup_steps=2)
-    data = DistillDataModule(documents, separator=EOS, block_size=32, batch_size=8)
-    before = trainer(tmp_path, 1).validate(module, datamodule=data, verbose=False)[0]
-    trainer(tmp_path, 60, enable_checkpointing=False).fit(module, datamodule=data)
-    after = trainer(tmp_path, 1).validate(module, datamodule=data, verbose=False)[0]
+    module = DistillModule(build_student(target, **TINY_STUDENT), target, objective_name, lr=3e-3, warmup_steps=2)
+    before, after = fit_and_validate(tmp_path, module, blocks)
     assert after["val/loss"] < before["val/loss"]
     assert after["val/tvd"] < before["val/tvd"] - 0.05
     assert after["val/alpha"] == pytest.approx(1 - after["val/tvd"])
 
 
-def test_exported_student_is_an_exact_small_lm_draft(tiny_pair, tmp_path):
-    target, documents = tiny_pair
-    student = build_student(target, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64)
-    module = DistillModule(student, target.model, "tvd", lr=3e-3, warmup_steps=2)
-    trainer(tmp_path, 30, enable_checkpointing=False).fit(
-        module, datamodule=DistillDataModule(documents, separator=EOS, block_size=32, batch_size=8))
-    student.save_pretrained(tmp_path / "student")
+def test_cached_top_k_teacher_trains_as_well(tiny_pair, tmp_path):
+    target, blocks = tiny_pair
+    scored = with_teacher_top_k(blocks, target, k=32, temperature=1.0)  # this flat toy target needs half its vocab
+    assert len(scored[0]["teacher_ids"]) == 32 and len(scored[0]["teacher_ids"][0]) == 32
+    L.seed_everything(0)
+    module = DistillModule(build_student(target, **TINY_STUDENT), target, "forward_kl", lr=3e-3, warmup_steps=2)
+    before, after = fit_and_validate(tmp_path, module, scored)
+    assert after["val/tvd"] < before["val/tvd"] - 0.04
+
+
+def test_on_policy_steps_train_on_student_samples(tiny_pair, tmp_path):
+    target, blocks = tiny_pair
+    L.seed_everything(0)
+    module = DistillModule(build_student(target, **TINY_STUDENT), target, "tvd", lr=3e-3, warmup_steps=2,
+                           on_policy_ratio=1.0, on_policy_prefix=4)
+    before, after = fit_and_validate(tmp_path, module, blocks, steps=40)
+    assert after["val/tvd"] < before["val/tvd"] - 0.04
+
+
+def test_on_policy_mix_follows_the_ratio_and_repeats():
+    picks = [is_on_policy_step(0, step, 0.25) for step in range(2000)]
+    assert 0.22 < sum(picks) / 2000 < 0.28  # binomial sd 0.0097: a 3-sd band
+    assert picks == [is_on_policy_step(0, step, 0.25) for step in range(2000)]  # a resumed run picks the same
+    assert picks != [is_on_policy_step(1, step, 0.25) for step in range(2000)]
+    assert not any(is_on_policy_step(0, step, 0.0) for step in range(100))
+
+
+def test_reduced_vocabulary_student_trains_and_exports_as_an_exact_draft(tmp_path):
+    target = tiny_model(0, layers=2, vocab_size=64, scale=8.0)  # sharp enough for 48 tokens to matter
+    target.model.float()
+    blocks = token_blocks(target_documents(target), EOS, 32)
+    vocab = DraftVocab(frequent_tokens(documents_from_blocks(blocks), 48, [EOS]), target.vocab_size, "vocab_size=64")
+    with torch.no_grad():  # the best a draft on these tokens can do: TVD >= P(token outside them)
+        p = target.model(input_ids=torch.tensor(blocks["input_ids"])).logits.softmax(-1)
+    floor = 1 - float(p[..., vocab.target_ids].sum(-1).mean())
+    L.seed_everything(0)
+    student = build_student(target, **TINY_STUDENT, draft_vocab=vocab)
+    assert student.model.config.vocab_size == 49  # the kept tokens + "other"
+    module = DistillModule(student, target, "forward_kl", lr=3e-3, warmup_steps=2)
+    before, after = fit_and_validate(tmp_path, module, with_teacher_top_k(blocks, target, 16, 1.0, vocab), steps=200)
+    assert after["val/tvd"] - floor < 0.75 * (before["val/tvd"] - floor)  # measured: ~0.5x
+    export_student(student, tmp_path / "student", "float32")
     draft = load_model(str(tmp_path / "student"), dtype="float32", device="cpu")
+    assert draft.draft_vocab.target_ids.tolist() == vocab.target_ids.tolist()
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
     alone = generate(target.model, prompts, None, SamplingConfig(), 20, [10**6], torch.Generator().manual_seed(0))
     spec = generate(target.model, prompts, SmallLMDrafter(target, draft, k=3), SamplingConfig(), 20, [10**6],
@@ -75,18 +120,16 @@ def test_exported_student_is_an_exact_small_lm_draft(tiny_pair, tmp_path):
 
 
 def test_resume_continues_from_the_saved_step(tiny_pair, tmp_path):
-    target, documents = tiny_pair
+    target, blocks = tiny_pair
 
     def fit(max_steps: int, ckpt_path=None) -> tuple[L.Trainer, list[int]]:
-        student = build_student(target, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64)
-        module = DistillModule(student, target.model, "tvd", lr=3e-3, warmup_steps=2)
+        module = DistillModule(build_student(target, **TINY_STUDENT), target, "tvd", lr=3e-3, warmup_steps=2)
         starts = []
         start_probe = L.Callback()
         start_probe.on_train_start = lambda trainer, _module: starts.append(trainer.global_step)
         checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
         t = trainer(tmp_path, max_steps, callbacks=[checkpoint, start_probe])
-        t.fit(module, datamodule=DistillDataModule(documents, separator=EOS, block_size=32, batch_size=8),
-              ckpt_path=ckpt_path)
+        t.fit(module, datamodule=DistillDataModule(blocks, batch_size=8), ckpt_path=ckpt_path)
         return t, starts
 
     first, _ = fit(8)
@@ -103,29 +146,43 @@ def test_bad_inputs(tiny_pair, tmp_path):
     with pytest.raises(UserInputError, match="vocab mismatch"):
         build_student(target, init_from=str(tmp_path / "other"))
     with pytest.raises(UserInputError, match="corpus is empty or too small"):
-        DistillDataModule([], separator=EOS, block_size=32).setup()
+        token_blocks([], separator=EOS, block_size=32)
+    with pytest.raises(UserInputError, match=r"student layers \[5\] must be indices in 0..1"):
+        student_from_target(target, [5])
 
 
 @pytest.mark.default_target
 def test_distill_command_end_to_end(tmp_path):
+    """Every source and option on the default target at toy size, then the export as a draft."""
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(f"Step {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(300)))
+    corpus.write_text("\n".join(f"Step {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(100)))
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "specexp.distill", "data.corpus.prompts=null", f"data.corpus.text=[{corpus}]",
-                          "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.log_every_n_steps=1",
-                          "student.hidden_size=64",
-                          "student.intermediate_size=128", "data.loader.block_size=64", f"hydra.run.dir={run_dir}",
-                          f"trainer_logger={{_target_:lightning.pytorch.loggers.CSVLogger,save_dir:{tmp_path / 'logs'}}}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    args = ["student=from_target", "draft_vocab_size=512", "teacher_top_k=16", "on_policy.ratio=0.5",
+            "data.corpus.prompt_limit=4", "data.corpus.prompt_tokens=12", "data.corpus.generation_tokens=16",
+            f"data.corpus.text=[{corpus}]", "data.block_size=32", f"data.cache_dir={tmp_path / 'cache'}",
+            "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.log_every_n_steps=1",
+            "trainer_logger=csv", f"hydra.run.dir={run_dir}"]
+    out = subprocess.run([sys.executable, "-m", "specexp.distill", *args], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "student exported to" in out.stdout
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
-    (metrics_file,) = (tmp_path / "logs").rglob("metrics.csv")  # the logger got val/alpha and the LR
-    header = metrics_file.read_text().splitlines()[0]
-    assert "val/alpha" in header and "lr-AdamW" in header
+    header = next((run_dir / "logs").rglob("metrics.csv")).read_text().splitlines()[0]
+    assert "val/alpha" in header and "lr-AdamW" in header  # the logger got the metric and the LR
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in history] == [3, 6] and all(0 <= row["val/alpha"] <= 1 for row in history)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["steps"] == 6 and 16 < result["draft_vocab_size"] <= 512
     config = json.loads((run_dir / "student" / "config.json").read_text())
-    assert config["vocab_size"] == 49152 and config["num_hidden_layers"] == 2
-    bad = subprocess.run([sys.executable, "-m", "specexp.distill", "objective=l2", "data.corpus.prompts=null",
-                          f"data.corpus.text=[{corpus}]", f"hydra.run.dir={tmp_path / 'bad'}"],
+    assert config["vocab_size"] == result["draft_vocab_size"] + 1 and config["num_hidden_layers"] == 2
+    assert len(list((tmp_path / "cache").glob("corpus-*-teacher-*"))) == 1  # cached for the next run
+
+    study = subprocess.run([sys.executable, "-m", "specexp", "size=smoke", "data.limit=1", "max_new_tokens=8",
+                            "draft=small_lm", f"draft.model={run_dir / 'student'}", f"hydra.run.dir={tmp_path / 'study'}"],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert study.returncode == 0, study.stderr[-3000:]
+    assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0
+
+    bad = subprocess.run([sys.executable, "-m", "specexp.distill", "objective=l2", f"hydra.run.dir={tmp_path / 'bad'}"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "objective 'l2' is unknown" in bad.stderr

@@ -10,7 +10,7 @@ from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.retrieval import RetrievalDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
-from tests.conftest import build_ngram_files, tiny_model
+from tests.conftest import build_ngram_files, reduced_vocab_copy, tiny_model
 from tests.drafters import RandomDrafter
 from tests.stats import P_VALUE_THRESHOLD, chi_square_p_value
 
@@ -35,11 +35,12 @@ def _drafters(kind: str, target, other, k: int, files: dict[str, str] | None = N
         "retrieval+context": lambda: RetrievalDrafter(target, files["store"], k=k, max_match=4, context_max_n=3),
         "ngram_lm_confident": lambda: NgramLMDrafter(target, files["lm"], k=k, min_confidence=0.3),
         "retrieval_confident": lambda: RetrievalDrafter(target, files["store"], k=k, min_confidence=0.5),
+        "reduced_vocab": lambda: SmallLMDrafter(target, reduced_vocab_copy(other), k=k),
     }[kind]()
 
 
 ALL_KINDS = ["agree", "disagree", "random", "prompt_lookup", "prompt_lookup_frequent", "ngram_lm", "retrieval",
-             "retrieval+context", "ngram_lm_confident", "retrieval_confident"]
+             "retrieval+context", "ngram_lm_confident", "retrieval_confident", "reduced_vocab"]
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -113,7 +114,7 @@ def small_vocab_target(tmp_path_factory):
 
 @pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
 @pytest.mark.parametrize("kind", ["none", "disagree", "prompt_lookup", "ngram_lm", "ngram_lm_confident", "retrieval",
-                                  "retrieval+context"])
+                                  "retrieval+context", "reduced_vocab"])
 def test_sampled_first_two_tokens_follow_the_target(small_vocab_target, kind, sampling):
     """Thousands of rows of one prompt in one batch: the engine's first two tokens ~ the target's."""
     target, files = small_vocab_target

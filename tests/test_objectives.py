@@ -5,14 +5,26 @@ import math
 import pytest
 import torch
 
-from specexp.distill.objectives import forward_kl, jensen_shannon, objective, reverse_kl, total_variation
+from specexp.distill.objectives import (
+    coarsen,
+    forward_kl,
+    jensen_shannon,
+    objective,
+    reverse_kl,
+    top_k_targets,
+    total_variation,
+    warped_log_probs,
+    with_rest,
+)
 from specexp.errors import UserInputError
+
+ALL = (forward_kl, reverse_kl, total_variation, jensen_shannon)
 
 
 def test_identical_distributions_have_zero_divergence():
-    logits = torch.randn(5, 11)
-    for fn in (forward_kl, reverse_kl, total_variation, jensen_shannon):
-        torch.testing.assert_close(fn(logits, logits), torch.zeros(5), atol=1e-6, rtol=0)
+    log_p = warped_log_probs(torch.randn(5, 11))
+    for fn in ALL:
+        torch.testing.assert_close(fn(log_p, log_p), torch.zeros(5), atol=1e-6, rtol=0)
 
 
 def test_known_values():
@@ -32,12 +44,30 @@ def test_tvd_is_one_minus_acceptance():
     g = torch.Generator().manual_seed(0)
     t, s = torch.randn(4, 9, generator=g), torch.randn(4, 9, generator=g)
     p, q = t.softmax(-1), s.softmax(-1)
-    torch.testing.assert_close(1 - total_variation(t, s), torch.minimum(p, q).sum(-1))
+    torch.testing.assert_close(1 - total_variation(warped_log_probs(t), warped_log_probs(s)),
+                               torch.minimum(p, q).sum(-1))
 
 
-def test_temperature_applies_to_both():
-    t, s = torch.randn(3, 7), torch.randn(3, 7)
-    torch.testing.assert_close(forward_kl(t, s, temperature=2.0), forward_kl(t / 2, s / 2))
+def test_temperature_divides_logits():
+    t = torch.randn(3, 7)
+    torch.testing.assert_close(warped_log_probs(t, 2.0), torch.log_softmax(t / 2, -1))
+
+
+def test_top_k_coarsening_keeps_mass_and_lower_bounds_the_divergence():
+    g = torch.Generator().manual_seed(1)
+    log_p = warped_log_probs(2 * torch.randn(6, 20, generator=g))
+    log_q = warped_log_probs(2 * torch.randn(6, 20, generator=g))
+    ids, top = top_k_targets(log_p, 5)
+    assert ids.shape == (6, 5)
+    torch.testing.assert_close(top, log_p.gather(-1, ids))
+    p_k, q_k = with_rest(top), coarsen(log_q, ids)  # [6, 6]
+    torch.testing.assert_close(p_k.exp().sum(-1), torch.ones(6))
+    torch.testing.assert_close(q_k.exp().sum(-1), torch.ones(6))
+    for fn in ALL:  # data-processing inequality: merging categories never increases a divergence
+        assert (fn(p_k, q_k) <= fn(log_p, log_q) + 1e-6).all()
+    full_ids, full = top_k_targets(log_p, 20)  # k = C loses nothing
+    torch.testing.assert_close(total_variation(with_rest(full), coarsen(log_q, full_ids)),
+                               total_variation(log_p, log_q), atol=1e-5, rtol=0)
 
 
 def test_unknown_objective():

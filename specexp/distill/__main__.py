@@ -5,6 +5,7 @@ export the best student (by val/alpha) as an HF folder that `draft=small_lm draf
   python -m specexp.distill objective=forward_kl student.num_layers=4 ckpt_path=last   # resume
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -13,29 +14,55 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from specexp.__main__ import CONFIG_DIR, _user_error
-from specexp.distill.data import DistillDataModule, corpus_documents
+from specexp.distill.data import (
+    DistillDataModule,
+    cached_dataset,
+    corpus_dataset,
+    documents_from_blocks,
+    teacher_cache_path,
+    with_teacher_top_k,
+)
+from specexp.distill.history import MetricsHistory
 from specexp.distill.module import DistillModule
+from specexp.distill.objectives import objective
+from specexp.drafts.draft_vocab import DraftVocab, frequent_tokens
 from specexp.errors import UserInputError
+from specexp.models import LoadedModel
+from specexp.ngram.corpus import vocab_fingerprint
 
 
 def distill(cfg: DictConfig, out_dir: Path) -> dict:
-    """Train, then export the best student. Returns {'export_dir', 'best_alpha', 'best_checkpoint'}."""
+    """Train, then export the best student. Returns {'export_dir', 'best_alpha', 'best_checkpoint', ...}."""
     L.seed_everything(cfg.seed, workers=True)
     target = instantiate(cfg.target)
     if target.tokenizer is None:
         raise UserInputError(f"target '{target.name}' has no tokenizer")
-    student = instantiate(cfg.student)(target)
-    documents = corpus_documents(target, **cfg.data.corpus)
-    data = DistillDataModule(documents, separator=target.eos_token_ids[0], **cfg.data.loader)
-    module = DistillModule(student, target.model, cfg.objective, cfg.temperature, **cfg.optim)
+    objective(cfg.objective)  # refuse an unknown name before the (long) corpus generation
+    corpus_cfg = OmegaConf.to_container(cfg.data.corpus, resolve=True)
+    corpus = corpus_dataset(target, corpus_cfg, cfg.data.block_size, cfg.data.cache_dir)
+    vocab = None
+    if cfg.draft_vocab_size:
+        vocab = DraftVocab(frequent_tokens(documents_from_blocks(corpus), cfg.draft_vocab_size, target.eos_token_ids),
+                           target.vocab_size, vocab_fingerprint(target))
+    student = instantiate(cfg.student)(target, draft_vocab=vocab)
+    if vocab is not None and student.draft_vocab is not vocab:
+        raise UserInputError("draft_vocab_size must be null with student.init_from: the checkpoint brings its own vocabulary")
+    dataset = corpus
+    if cfg.teacher_top_k:
+        dataset = cached_dataset(teacher_cache_path(corpus, target, cfg.teacher_top_k, cfg.temperature, student.draft_vocab),
+                                 lambda: with_teacher_top_k(corpus, target, cfg.teacher_top_k, cfg.temperature,
+                                                            student.draft_vocab, cfg.data.batch_size))
+    data = DistillDataModule(dataset, cfg.data.batch_size, cfg.data.val_fraction, cfg.seed)
+    module = DistillModule(student, target, cfg.objective, cfg.temperature, **cfg.optim,
+                           on_policy_ratio=cfg.on_policy.ratio, on_policy_prefix=cfg.on_policy.prefix, seed=cfg.seed)
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=out_dir / "checkpoints", monitor="val/alpha", mode="max",
                                                      save_last=True, filename="step{step}-alpha{val/alpha:.4f}",
                                                      auto_insert_metric_name=False)
     logger = instantiate(cfg.trainer_logger) if cfg.trainer_logger else False
-    callbacks = [checkpoint]
+    callbacks = [checkpoint, MetricsHistory(out_dir / "metrics.jsonl")]
     if logger:  # the LR monitor writes to the logger; Lightning refuses it without one
         callbacks.append(L.pytorch.callbacks.LearningRateMonitor(logging_interval="step"))
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, default_root_dir=str(out_dir))
@@ -48,12 +75,25 @@ def distill(cfg: DictConfig, out_dir: Path) -> dict:
 
     best = checkpoint.best_model_path or checkpoint.last_model_path
     state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
-    student.load_state_dict({k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
+    student.model.load_state_dict({k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
     export_dir = Path(cfg.export_dir or out_dir / "student")
-    student.to(getattr(torch, cfg.export_dtype)).save_pretrained(export_dir)
-    target.tokenizer.save_pretrained(export_dir)
-    best_alpha = float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None
-    return {"export_dir": str(export_dir), "best_alpha": best_alpha, "best_checkpoint": best}
+    export_student(student, export_dir, cfg.export_dtype)
+    result = {"export_dir": str(export_dir), "best_checkpoint": best,
+              "best_alpha": float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None,
+              "corpus_tokens": len(corpus) * cfg.data.block_size, "steps": trainer.global_step,
+              "draft_vocab_size": None if student.draft_vocab is None else student.draft_vocab.size,
+              "parameters": sum(p.numel() for p in student.model.parameters())}
+    (out_dir / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def export_student(student: LoadedModel, folder: Path, dtype: str) -> None:
+    """An HF folder that `draft=small_lm draft.model=FOLDER` loads: weights, tokenizer, draft vocabulary."""
+    student.model.to(getattr(torch, dtype)).save_pretrained(folder)
+    if student.tokenizer is not None:
+        student.tokenizer.save_pretrained(folder)
+    if student.draft_vocab is not None:
+        student.draft_vocab.save(folder)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="distill")

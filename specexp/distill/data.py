@@ -1,62 +1,175 @@
-"""The LightningDataModule: fixed-length token blocks from a corpus, split into train/val."""
+"""Distillation data: a corpus of token blocks in a `datasets.Dataset` (cached on disk), optional
+teacher top-k log-probs per position, and the LightningDataModule that serves them.
 
+Corpus sources, mixable: text data sets (HF names, local files), and the target's own answers
+on a prompt set. The offline default is `prompts: self`: the target also writes the user turns
+(sampled from the start of a user turn of its chat template), so nothing overlaps the
+evaluation prompt sets.
+"""
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import datasets
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
+from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.data import mt_bench, prompts_from_dataset
+from specexp.data import Prompt, mt_bench, prompts_from_dataset
+from specexp.distill.objectives import top_k_targets, warped_log_probs
+from specexp.drafts.draft_vocab import DraftVocab
 from specexp.errors import UserInputError
-from specexp.models import LoadedModel
-from specexp.ngram.corpus import generated_documents, join_documents, text_documents
+from specexp.models import LoadedModel, cache_root
+from specexp.ngram.corpus import generated_documents, join_documents, text_documents, vocab_fingerprint
+
+USER_SLOT = "\x00user-turn\x00"  # a placeholder located in the rendered chat template
+
+
+def user_turn_prefix(tokenizer) -> list[int]:
+    """Token ids of the chat template up to where a user's words begin (system prompt included)."""
+    if not tokenizer.chat_template:
+        raise UserInputError("data.corpus.prompts=self needs a target with a chat template; give a prompt set instead")
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": USER_SLOT}], tokenize=False)
+    return tokenizer(rendered.split(USER_SLOT)[0], add_special_tokens=False)["input_ids"]
+
+
+def self_written_prompts(target: LoadedModel, n: int, max_tokens: int = 64, temperature: float = 1.0,
+                         batch_size: int = 16, seed: int = 0) -> list[Prompt]:
+    """n user turns written by the target itself, sampled from the start of a user turn."""
+    prefix = user_turn_prefix(target.tokenizer)
+    prompts = []
+    for start in tqdm(range(0, n, batch_size), desc="target writes user turns", unit="batch"):
+        rows = min(batch_size, n - start)
+        generator = torch.Generator(device=target.model.device).manual_seed(seed + start)
+        out = generate(target.model, [prefix] * rows, None, SamplingConfig(temperature=temperature), max_tokens,
+                       target.eos_token_ids, generator, target.pad_token_id)
+        for i, tokens in enumerate(out.tokens):
+            text = target.tokenizer.decode([t for t in tokens if t not in target.eos_token_ids], skip_special_tokens=True)
+            if text.strip():
+                prompts.append(Prompt(id=f"self-{start + i}", text=text.strip()))
+    return prompts
 
 
 def corpus_documents(target: LoadedModel, text: list[str] | None = None, text_column: str = "text",
-                     prompts: str | None = None, prompt_limit: int | None = None, generation_tokens: int = 128,
-                     temperature: float = 0.7, seed: int = 0) -> list[list[int]]:
-    """Token documents from text data sets and/or the target's answers on a prompt set."""
+                     prompts: str | None = None, prompt_limit: int | None = None, prompt_tokens: int = 64,
+                     generation_tokens: int = 128, temperature: float = 0.7, batch_size: int = 16,
+                     seed: int = 0) -> list[list[int]]:
+    """Token documents from text data sets and/or the target's answers on a prompt set.
+
+    prompts: 'self' (the target writes them), 'mt_bench', any prompt data set, or None.
+    """
     documents = []
     for source in text or []:
         documents += text_documents(target, source, text_column)
+    if prompts == "self":
+        prompt_set = self_written_prompts(target, prompt_limit or 64, prompt_tokens, 1.0, batch_size, seed)
+    elif prompts == "mt_bench":
+        prompt_set = mt_bench(limit=prompt_limit, seed=seed)
+    elif prompts:
+        prompt_set = prompts_from_dataset(prompts, text_column="turns", limit=prompt_limit, seed=seed)
     if prompts:
-        prompt_set = mt_bench(limit=prompt_limit, seed=seed) if prompts == "mt_bench" else \
-            prompts_from_dataset(prompts, text_column="turns", limit=prompt_limit, seed=seed)
         documents += generated_documents(target, prompt_set, generation_tokens, SamplingConfig(temperature=temperature),
-                                         seed=seed)
+                                         batch_size=batch_size, seed=seed)
     return documents
 
 
+def token_blocks(documents: list[list[int]], separator: int, block_size: int) -> datasets.Dataset:
+    """The documents joined by the separator and cut into blocks: a Dataset with `input_ids` [T]."""
+    stream = join_documents(documents, separator)
+    n_blocks = len(stream) // block_size
+    if not any(documents) or n_blocks < 2:
+        raise UserInputError(
+            f"the distillation corpus is empty or too small: {len(stream)} tokens give {n_blocks} blocks of "
+            f"{block_size}; at least 2 are needed (one for validation)"
+        )
+    blocks = stream[: n_blocks * block_size].reshape(n_blocks, block_size)
+    return datasets.Dataset.from_dict({"input_ids": blocks.tolist()})
+
+
+def _cache_key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cached_dataset(path: Path, build: Callable[[], datasets.Dataset]) -> datasets.Dataset:
+    """Load a Dataset saved at path, or build and save it (via a temporary folder, so a killed
+    build leaves nothing that looks finished)."""
+    if (path / "dataset_info.json").exists():
+        return datasets.load_from_disk(str(path))
+    dataset = build()
+    staging = path.with_name(path.name + ".partial")
+    dataset.save_to_disk(str(staging))
+    staging.rename(path)
+    return datasets.load_from_disk(str(path))
+
+
+def corpus_dataset(target: LoadedModel, corpus: dict, block_size: int, cache_dir: str | None = None) -> datasets.Dataset:
+    """The corpus as token blocks, cached under cache_dir (default: the specexp cache) by its config."""
+    root = Path(cache_dir) if cache_dir else cache_root() / "distill"
+    key = _cache_key(target.name, vocab_fingerprint(target), corpus, block_size)
+    root.mkdir(parents=True, exist_ok=True)
+    return cached_dataset(root / f"corpus-{key}", lambda: token_blocks(
+        corpus_documents(target, **corpus), target.eos_token_ids[0], block_size))
+
+
+@torch.no_grad()
+def with_teacher_top_k(dataset: datasets.Dataset, target: LoadedModel, k: int, temperature: float,
+                       vocab: DraftVocab | None = None, batch_size: int = 8) -> datasets.Dataset:
+    """Adds the target's top-k log-probs per position (in the student's vocabulary, at the
+    objective's temperature): `teacher_ids` [T, k] and `teacher_log_probs` [T, k].
+
+    One teacher pass per token for the whole run instead of one per step: on a CPU the teacher
+    costs far more than a small student.
+    """
+    device = target.model.device
+
+    def score(batch: dict) -> dict:
+        ids = torch.as_tensor(batch["input_ids"], device=device)  # [b, T]
+        log_p = warped_log_probs(target.model(input_ids=ids).logits, temperature)  # [b, T, V]
+        if vocab is not None:
+            log_p = vocab.coarsen_log_probs(log_p)  # [b, T, N+1]
+        top_ids, top = top_k_targets(log_p.flatten(0, 1), k)  # [b*T, k]
+        shape = (*ids.shape, top.shape[-1])
+        return {"teacher_ids": top_ids.view(shape).int().cpu().numpy(),
+                "teacher_log_probs": top.view(shape).cpu().numpy()}
+
+    return dataset.map(score, batched=True, batch_size=batch_size, desc=f"teacher top-{k} log-probs")
+
+
+def teacher_cache_path(corpus: datasets.Dataset, target: LoadedModel, k: int, temperature: float,
+                       vocab: DraftVocab | None) -> Path:
+    """Where a corpus's teacher scores live: next to it, keyed by everything that changes them."""
+    corpus_dir = Path(corpus.cache_files[0]["filename"]).parent
+    vocab_ids = None if vocab is None else hashlib.sha256(vocab.target_ids.numpy().tobytes()).hexdigest()[:16]
+    return corpus_dir.with_name(f"{corpus_dir.name}-teacher-{_cache_key(target.name, k, temperature, vocab_ids)}")
+
+
 class DistillDataModule(L.LightningDataModule):
-    def __init__(self, documents: list[list[int]], separator: int, block_size: int = 128, batch_size: int = 8,
-                 val_fraction: float = 0.1, seed: int = 0):
+    """Train/validation split of a token-block Dataset (with or without cached teacher columns)."""
+
+    def __init__(self, dataset: datasets.Dataset, batch_size: int = 8, val_fraction: float = 0.1, seed: int = 0):
         super().__init__()
-        self.documents, self.separator = documents, separator
-        self.block_size, self.batch_size = block_size, batch_size
-        self.val_fraction, self.seed = val_fraction, seed
+        self.dataset, self.batch_size, self.val_fraction, self.seed = dataset, batch_size, val_fraction, seed
 
     def setup(self, stage: str | None = None) -> None:
-        stream = join_documents(self.documents, self.separator)
-        n_blocks = len(stream) // self.block_size
-        if not any(self.documents) or n_blocks < 2:
-            raise UserInputError(
-                f"the distillation corpus is empty or too small: {len(stream)} tokens give {n_blocks} blocks of "
-                f"{self.block_size}; at least 2 are needed (one for validation)"
-            )
-        blocks = torch.from_numpy(stream[: n_blocks * self.block_size].reshape(n_blocks, self.block_size))
-        order = torch.from_numpy(np.random.default_rng(self.seed).permutation(n_blocks))
-        n_val = max(1, int(round(n_blocks * self.val_fraction)))
-        self.val_blocks, self.train_blocks = blocks[order[:n_val]], blocks[order[n_val:]]
-
-    def _loader(self, blocks: torch.Tensor, shuffle: bool) -> DataLoader:
-        dataset = TensorDataset(blocks)
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle,
-                          collate_fn=lambda rows: {"input_ids": torch.stack([r[0] for r in rows]),
-                                                   "attention_mask": torch.ones(len(rows), self.block_size,
-                                                                                dtype=torch.long)})
+        n_val = max(1, int(round(len(self.dataset) * self.val_fraction)))
+        split = self.dataset.with_format("torch").train_test_split(test_size=n_val, seed=self.seed)
+        self.train_set, self.val_set = split["train"], split["test"]
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_blocks, shuffle=True)
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True,
+                          generator=torch.Generator().manual_seed(self.seed))
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_blocks, shuffle=False)
+        # Validation always scores against the live teacher (the full distribution), so only ids travel.
+        return DataLoader(self.val_set.select_columns(["input_ids"]), batch_size=self.batch_size, shuffle=False)
+
+
+def documents_from_blocks(dataset: datasets.Dataset) -> list[list[int]]:
+    """The token blocks as documents (e.g. to count token frequencies)."""
+    return [list(row) for row in np.asarray(dataset["input_ids"])]

@@ -5,8 +5,10 @@ import torch
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.drafts.base import Context, Proposal, check_k
+from specexp.drafts.draft_vocab import DraftVocab
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, first_layers, load_model
+from specexp.ngram.corpus import vocab_fingerprint
 
 
 def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
@@ -22,6 +24,11 @@ def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
             f"vocab mismatch: draft '{draft.name}' and target '{target.name}' have different vocabularies "
             f"({sizes}); a small_lm draft must share the target's tokenizer"
         )
+    if draft.draft_vocab is not None and draft.draft_vocab.fingerprint not in (None, vocab_fingerprint(target)):
+        raise UserInputError(
+            f"vocab mismatch: the reduced vocabulary of draft '{draft.name}' was built for "
+            f"{draft.draft_vocab.fingerprint}; the target '{target.name}' has {vocab_fingerprint(target)}"
+        )
 
 
 def align_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -35,6 +42,9 @@ def align_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
 class SmallLMDrafter:
     """Drafts K tokens autoregressively from a small LM, sampling with the shared warp.
 
+    A reduced-vocabulary draft (a `draft_vocab.json` beside the model) reads target ids mapped
+    into its vocabulary and hands q in the target's space, zero outside its tokens.
+
     Cache invariant between rounds: the draft cache holds a prefix of each row's committed
     tokens; the rest (1 or 2 tokens) is fed at the start of the next propose.
     """
@@ -47,6 +57,7 @@ class SmallLMDrafter:
         check_same_vocabulary(model, target)
         self.draft = model
         self.vocab_size = target.vocab_size
+        self.draft_vocab: DraftVocab | None = model.draft_vocab
         self.kv: RaggedKV | None = None
 
     def reset(self, ctx: Context) -> None:
@@ -55,10 +66,16 @@ class SmallLMDrafter:
         self.kv = RaggedKV.empty(self.draft.model, B, ctx.tokens.device)
         if P > 1:
             prompt_mask = torch.arange(P - 1, device=ctx.tokens.device)[None, :] >= ctx.start[:, None]
-            self.kv.forward(self.draft.model, ctx.tokens[:, : P - 1], prompt_mask.long())
+            self.kv.forward(self.draft.model, self._draft_ids(ctx.tokens[:, : P - 1]), prompt_mask.long())
+
+    def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens if self.draft_vocab is None else self.draft_vocab.to_draft(tokens)
 
     def _step(self, input_ids: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.kv.forward(self.draft.model, input_ids, logits_to_keep=1)[:, -1]  # [B, V_d]
+        """Target ids [B, T] in -> the next token [B] (target id) and its q [B, V]."""
+        logits = self.kv.forward(self.draft.model, self._draft_ids(input_ids), logits_to_keep=1)[:, -1]  # [B, V_d]
+        if self.draft_vocab is not None:
+            logits = self.draft_vocab.to_target_logits(logits)  # [B, V], -inf outside the draft's tokens
         q = logits_to_probs(align_vocab(logits, self.vocab_size), sampling)  # [B, V]
         return sample(q, generator), q
 

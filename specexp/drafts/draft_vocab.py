@@ -1,0 +1,82 @@
+"""A reduced draft vocabulary: the draft predicts only N frequent target tokens.
+
+The LM head dominates a small draft's cost (SmolLM2's 49k x 576 head is 4x the work of one of
+its layers), so a draft that scores N << V tokens is much cheaper. Draft ids 0..N-1 are the
+kept target ids; draft id N is "any other token", used for inputs only. On output the draft's
+"other" column is dropped and q is renormalised over the kept tokens: q(x) = 0 outside them,
+which keeps verification exact (the rule only needs q to be a distribution the draft sampled
+from). Saved as `draft_vocab.json` next to the model, where `small_lm` finds it.
+"""
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from specexp.errors import UserInputError
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+def frequent_tokens(documents: Iterable[list[int]], n: int, always: Iterable[int] = ()) -> list[int]:
+    """The n most frequent target ids in documents (ties by id), always including `always`."""
+    counts = Counter()
+    for doc in documents:
+        counts.update(doc)
+    must = sorted(set(always))
+    ranked = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if t not in must]
+    if n < len(must) + 1:
+        raise UserInputError(f"draft vocabulary size {n} is too small; it must exceed the {len(must)} ids it always keeps")
+    return sorted(must + ranked[: n - len(must)])
+
+
+class DraftVocab:
+    """Maps between the target's ids [0, V) and the draft's [0, N]; N is the "other" slot."""
+
+    def __init__(self, target_ids: list[int], target_vocab_size: int, fingerprint: str | None = None):
+        ids = torch.as_tensor(target_ids, dtype=torch.long)  # [N], draft id -> target id
+        if ids.numel() == 0 or ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= target_vocab_size:
+            raise UserInputError(f"a draft vocabulary needs distinct target ids in [0, {target_vocab_size})")
+        self.target_ids, self.target_vocab_size, self.fingerprint = ids, target_vocab_size, fingerprint
+        self.size = ids.numel()  # N; the draft model has N + 1 outputs
+        self._to_draft = torch.full((target_vocab_size,), self.size, dtype=torch.long)  # [V]
+        self._to_draft[ids] = torch.arange(self.size)
+
+    def to_draft(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Target ids [...] -> draft ids [...] (ids outside the vocabulary -> N)."""
+        self._to_draft = self._to_draft.to(tokens.device)
+        return self._to_draft[tokens]
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids [...] (kept tokens only, < N) -> target ids [...]."""
+        self.target_ids = self.target_ids.to(draft_ids.device)
+        return self.target_ids[draft_ids]
+
+    def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., N+1] -> target-space logits [..., V], -inf outside the kept ids."""
+        self.target_ids = self.target_ids.to(logits.device)
+        out = logits.new_full((*logits.shape[:-1], self.target_vocab_size), float("-inf"))
+        return out.index_copy_(-1, self.target_ids, logits[..., : self.size])
+
+    def coarsen_log_probs(self, log_p: torch.Tensor) -> torch.Tensor:
+        """Target log-probabilities [..., V] -> [..., N+1]: the kept ids, then log P(any other)."""
+        self.target_ids = self.target_ids.to(log_p.device)
+        kept = log_p.index_select(-1, self.target_ids)  # [..., N]
+        other = torch.log1p(-kept.exp().sum(-1).clamp(max=1 - 1e-7))  # [...]
+        return torch.cat([kept, other[..., None]], dim=-1)
+
+    def save(self, folder: str | Path) -> None:
+        payload = {"target_ids": self.target_ids.tolist(), "target_vocab_size": self.target_vocab_size,
+                   "vocab_fingerprint": self.fingerprint}
+        (Path(folder) / DRAFT_VOCAB_FILE).write_text(json.dumps(payload))
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "DraftVocab | None":
+        """The vocabulary saved with a draft model, or None for a full-vocabulary draft."""
+        path = Path(folder) / DRAFT_VOCAB_FILE
+        if not path.is_file():
+            return None
+        payload = json.loads(path.read_text())
+        return cls(payload["target_ids"], payload["target_vocab_size"], payload.get("vocab_fingerprint"))
