@@ -14,6 +14,7 @@ import torch
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.distill.__main__ import export_student
+from specexp.distill.collect import collect, markdown
 from specexp.distill.data import DistillDataModule, documents_from_blocks, token_blocks, with_teacher_top_k
 from specexp.distill.module import DistillModule, is_on_policy_step
 from specexp.distill.student import build_student, student_from_target
@@ -36,7 +37,8 @@ def target_documents(target, n: int = 48, length: int = 40, seed: int = 0) -> li
 
 
 def trainer(tmp_path, max_steps: int, **kwargs) -> L.Trainer:
-    return L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+    kwargs = {"logger": False, **kwargs}
+    return L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, enable_progress_bar=False,
                      enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path), **kwargs)
 
 
@@ -176,6 +178,11 @@ def test_distill_command_end_to_end(tmp_path):
     config = json.loads((run_dir / "student" / "config.json").read_text())
     assert config["vocab_size"] == result["draft_vocab_size"] + 1 and config["num_hidden_layers"] == 2
     assert len(list((tmp_path / "cache").glob("corpus-*-teacher-*"))) == 1  # cached for the next run
+    table = collect(tmp_path)
+    assert len(table) == 1 and table.loc[0, "best_alpha"] == result["best_alpha"]
+    assert table.loc[0, "student"] == "from_target" and table.loc[0, "on_policy.ratio"] == "0.5"
+    header = markdown(table).splitlines()[0]
+    assert "best_alpha" in header and "history" not in header and "run" not in header.split(" | ")
 
     study = subprocess.run([sys.executable, "-m", "specexp", "size=smoke", "data.limit=1", "max_new_tokens=8",
                             "draft=small_lm", f"draft.model={run_dir / 'student'}", f"hydra.run.dir={tmp_path / 'study'}"],
@@ -186,3 +193,26 @@ def test_distill_command_end_to_end(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "specexp.distill", "objective=l2", f"hydra.run.dir={tmp_path / 'bad'}"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "objective 'l2' is unknown" in bad.stderr
+
+
+def test_wandb_logger_gets_the_validation_alpha(tiny_pair, tmp_path, monkeypatch):
+    """trainer_logger=wandb is Lightning's WandbLogger; offline, its run log holds val/alpha."""
+    from hydra import compose, initialize_config_dir
+    from lightning.pytorch.loggers import WandbLogger
+
+    from specexp.__main__ import CONFIG_DIR
+    from tests.wandb_reader import offline_run
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("distill", overrides=["trainer_logger=wandb"])
+    assert cfg.trainer_logger._target_ == "lightning.pytorch.loggers.WandbLogger"
+    target, blocks = tiny_pair
+    logger = WandbLogger(project="specexp", save_dir=str(tmp_path), mode="offline", job_type="distill")
+    module = DistillModule(build_student(target, **TINY_STUDENT), target, "tvd", lr=3e-3, warmup_steps=2)
+    trainer(tmp_path, 4, logger=logger, val_check_interval=2, check_val_every_n_epoch=None, log_every_n_steps=1,
+            enable_checkpointing=False).fit(module, datamodule=DistillDataModule(blocks, batch_size=8))
+    logger.experiment.finish()
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    summary = offline_run(run_dir)["summary"]
+    assert 0 < summary["val/alpha"] <= 1 and "train/loss" in summary

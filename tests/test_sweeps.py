@@ -18,7 +18,8 @@ from specexp.__main__ import CONFIG_DIR
 from tests.wandb_reader import offline_run
 
 REPO = Path(__file__).resolve().parent.parent
-EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
+ALL_EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
+EXPERIMENTS = [e for e in ALL_EXPERIMENTS if not e.startswith("distill_")]  # studies; distill_* are specexp.distill's
 
 
 def run_cli(*args: str, module: str = "specexp", timeout: int = 600) -> subprocess.CompletedProcess:
@@ -36,6 +37,16 @@ def test_every_experiment_composes_as_a_multirun(experiment, size):
     assert cfg.experiment_name == experiment
     if size == "smoke":
         assert cfg.data.limit == 2 and cfg.max_new_tokens == 8
+
+
+@pytest.mark.parametrize("experiment", [e for e in ALL_EXPERIMENTS if e.startswith("distill_")])
+def test_every_distill_experiment_composes(experiment):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("distill", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    assert cfg.experiment_name == experiment
+    assert cfg.draft_vocab_size == 8192 and cfg.teacher_top_k == 64
+    # Both read the same corpus (and so share its caches): the defaults of corpus=self_chat.
+    assert cfg.data.corpus.prompts == "self" and cfg.data.block_size == 128
 
 
 @pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_slurm", "submitit_local"])

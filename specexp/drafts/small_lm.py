@@ -1,5 +1,7 @@
 """A small causal LM sharing the target's vocabulary, with its own ragged KV cache."""
 
+from pathlib import Path
+
 import torch
 
 from specexp.core.kv import RaggedKV
@@ -106,3 +108,14 @@ class SmallLMDrafter:
 def target_prefix_drafter(target: LoadedModel, n_layers: int = 4, k: int = 4) -> SmallLMDrafter:
     """A small_lm draft that needs no download: a copy of the target's first n layers + its head."""
     return SmallLMDrafter(target, first_layers(target, n_layers), k=k)
+
+
+DISTILLED_DRAFT = Path(__file__).resolve().parent.parent / "assets" / "distilled-smollm2-135m"
+
+
+def distilled_drafter(target: LoadedModel, k: int = 3, dtype: str = "float32", device: str | None = None) -> SmallLMDrafter:
+    """The draft distilled for the embedded default target that ships with specexp
+    (`python -m specexp.distill experiment=distill_smollm2` reproduces it)."""
+    if not (DISTILLED_DRAFT / "config.json").is_file():
+        raise UserInputError(f"the shipped distilled draft is missing from {DISTILLED_DRAFT}; reinstall specexp")
+    return SmallLMDrafter(target, str(DISTILLED_DRAFT), k=k, dtype=dtype, device=device)

@@ -1,0 +1,123 @@
+"""The shipped distilled draft (draft=distilled) against prompt lookup and AR, per K.
+
+  python benchmarks/bench_distilled.py [--prompts 16] [--max-new-tokens 64] [--ks 1 2 3 4 6]
+
+Default target, MT-bench (--prompts spread over its 8 categories), batch 1, greedy and
+temperature 0.7. Per prompt the AR baseline, prompt_lookup (K=4) and the distilled draft at
+each K decode back to back, order rotating. Every metric is the study's own (`summarize`):
+alpha, tau, c (draft seconds per drafted token / one AR step), verify cost, speedup (tokens/s
+over AR on the same prompts), and the analytical prediction with its optimal K.
+"""
+
+import argparse
+import datetime
+import json
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import torch
+from common import machine
+from tqdm import tqdm
+
+from specexp import metrics
+from specexp.core.engine import generate
+from specexp.core.sampling import SamplingConfig
+from specexp.data import encode_prompts, mt_bench
+from specexp.drafts.prompt_lookup import PromptLookupDrafter
+from specexp.drafts.small_lm import distilled_drafter
+from specexp.models import load_embedded_target
+from specexp.study import batch_record, round_table, summarize
+
+SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
+
+
+def optimal_k(a: float, c: float, k_max: int = 16) -> int:
+    """argmax_K of the analytical speedup (1 - a^(K+1)) / ((1 - a)(K c + 1))."""
+    return max(range(1, k_max + 1), key=lambda k: metrics.predicted_speedup(a, k, c))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 6])
+    parser.add_argument("--pl-k", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", type=Path, default=Path("outputs/bench_distilled"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("distilled.md"))
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+
+    target = load_embedded_target("float32", "cpu")
+    prompts = mt_bench(limit=args.prompts, seed=args.seed)
+    encoded = encode_prompts(target.tokenizer, prompts)
+    methods = {"ar": (None, 0), f"prompt_lookup K={args.pl_k}": (PromptLookupDrafter(target, k=args.pl_k, max_n=3), args.pl_k)}
+    methods |= {f"distilled K={k}": (distilled_drafter(target, k=k), k) for k in args.ks}
+
+    def decode(ids, drafter, sampling, max_new, seed):
+        return generate(target.model, [ids], drafter, sampling, max_new, target.eos_token_ids,
+                        torch.Generator().manual_seed(seed), target.pad_token_id)
+
+    for drafter, _ in methods.values():  # warm-up
+        decode(encoded[0], drafter, SAMPLINGS["greedy"], 4, 0)
+
+    results = {}
+    for sampling_name, sampling in SAMPLINGS.items():
+        rounds, batches, tokens = {m: [] for m in methods}, {m: [] for m in methods}, {m: {} for m in methods}
+        names = list(methods)
+        for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded, strict=True)), desc=sampling_name)):
+            for name in names[i % len(names):] + names[: i % len(names)]:
+                drafter, k = methods[name]
+                out = decode(ids, drafter, sampling, args.max_new_tokens, args.seed + i)
+                mode = "ar" if drafter is None else "spec"
+                rounds[name].append(round_table(out, [prompt], mode, i, k))
+                batches[name].append(batch_record(out, mode, i, prompt.category))
+                tokens[name][prompt.id] = (out.tokens[0], out.total_s)
+        ar_rounds, ar_batches = pd.concat(rounds["ar"]), pd.DataFrame(batches["ar"])
+        for name in names[1:]:
+            summary = summarize(pd.concat([ar_rounds, *rounds[name]], ignore_index=True),
+                                pd.concat([ar_batches, pd.DataFrame(batches[name])], ignore_index=True), methods[name][1])
+            ratios = [len(tokens[name][p][0]) / tokens[name][p][1] / (len(tokens["ar"][p][0]) / tokens["ar"][p][1])
+                      for p in tokens[name]]
+            summary["median_prompt_speedup"] = statistics.median(ratios)
+            summary["identical"] = sum(tokens[name][p][0] == tokens["ar"][p][0] for p in tokens[name])
+            results[(sampling_name, name)] = summary
+
+    report = render(results, args)
+    print(report)
+    args.out.write_text(report)
+    args.work.mkdir(parents=True, exist_ok=True)
+    (args.work / "results.json").write_text(json.dumps({f"{s} | {m}": v for (s, m), v in results.items()}, indent=1,
+                                                       default=str))
+
+
+def render(results: dict, args) -> str:
+    lines = [
+        f"# The distilled draft for the default target ({datetime.date.today().isoformat()})",
+        "",
+        f"Machine: {machine()}, fp32. Target: SmolLM2-135M-Instruct (embedded); draft: `draft=distilled` "
+        f"(specexp/assets/distilled-smollm2-135m, from `python -m specexp.distill experiment=distill_smollm2`). "
+        f"MT-bench, {args.prompts} prompts over its 8 categories, max_new_tokens={args.max_new_tokens}, batch 1. "
+        f"Command: `python benchmarks/bench_distilled.py --prompts {args.prompts} --max-new-tokens "
+        f"{args.max_new_tokens} --ks {' '.join(map(str, args.ks))}`.",
+        "",
+        "speedup = tokens/s over AR on the same prompts (totals; median per-prompt ratio in brackets); "
+        "predicted = (1 - a^(K+1)) / ((1 - a)(Kc + 1)) from the measured alpha and c; "
+        "opt K = its argmax; verify = seconds of a K+1-token target pass / one AR step.",
+        "",
+        "| sampling | draft | alpha | tau | c | verify | speedup | predicted | opt K | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (sampling, name), s in results.items():
+        a, c = s["alpha"], s["cost_ratio_c"]
+        opt = optimal_k(a, c) if a is not None and c else "-"
+        same = f"{s['identical']}/{args.prompts}" if sampling == "greedy" else "n/a"
+        lines.append(f"| {sampling} | {name} | {a:.3f} | {s['tau']:.2f} | {c:.3f} | {s['verify_cost_ratio']:.2f} | "
+                     f"{s['speedup']:.3f} ({s['median_prompt_speedup']:.3f}) | {s['predicted_speedup']:.2f} | {opt} | "
+                     f"{same} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
