@@ -24,7 +24,7 @@ SHOWN = ("job", "status", "alpha", "tau", "speedup", "predicted_speedup", "cost_
 def job_row(job_dir: Path, root: Path) -> dict:
     config = OmegaConf.to_container(OmegaConf.load(job_dir / ".hydra" / "config.yaml"), resolve=False)
     overrides = OmegaConf.load(job_dir / ".hydra" / "overrides.yaml") if (job_dir / ".hydra" / "overrides.yaml").exists() else []
-    row = {"job": str(job_dir.relative_to(root)) if job_dir != root else job_dir.name,
+    row = {"job": str(job_dir.relative_to(root)) if job_dir != root else job_dir.name, "path": str(job_dir),
            "overrides": " ".join(str(o) for o in overrides)}
     row.update({f"cfg.{k}": v for k, v in pd.json_normalize(config, sep=".").iloc[0].items()})
     choices_file = job_dir / ".hydra" / "hydra.yaml"

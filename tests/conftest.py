@@ -93,3 +93,19 @@ def build_ngram_files(target: LoadedModel, folder, seed: int = 0) -> dict[str, s
 @pytest.fixture(scope="session")
 def ngram_files(target, tmp_path_factory) -> dict[str, str]:
     return build_ngram_files(target, tmp_path_factory.mktemp("ngram"))
+
+
+@pytest.fixture(scope="session")
+def smoke_k_sweep(tmp_path_factory):
+    """`experiment=k_sweep size=smoke` on the default target, run once per session:
+    (sweep folder, the CLI's CompletedProcess)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sweep = tmp_path_factory.mktemp("sweeps") / "k_sweep"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    out = subprocess.run([sys.executable, "-m", "specexp", "experiment=k_sweep", "size=smoke", f"hydra.sweep.dir={sweep}"],
+                         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=1200, env=env)
+    return sweep, out

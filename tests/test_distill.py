@@ -216,3 +216,27 @@ def test_wandb_logger_gets_the_validation_alpha(tiny_pair, tmp_path, monkeypatch
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     summary = offline_run(run_dir)["summary"]
     assert 0 < summary["val/alpha"] <= 1 and "train/loss" in summary
+
+
+def test_shipped_distilled_draft_is_small_and_refuses_other_targets(tiny_pair):
+    from specexp.drafts.small_lm import DISTILLED_DRAFT, distilled_drafter
+
+    weights = DISTILLED_DRAFT / "model.safetensors"
+    assert weights.stat().st_size <= 30 * 2**20  # the limit for shipping it in the package
+    assert (DISTILLED_DRAFT / "draft_vocab.json").is_file()
+    target, _ = tiny_pair
+    with pytest.raises(UserInputError, match="vocab mismatch"):
+        distilled_drafter(target)
+
+
+@pytest.mark.default_target
+@pytest.mark.parametrize("sampling", ["greedy", "nucleus"])
+def test_shipped_distilled_draft_runs_exactly_on_the_default_target(tmp_path, sampling):
+    out = subprocess.run([sys.executable, "-m", "specexp", "draft=distilled", f"sampling={sampling}", "data.limit=2",
+                          "max_new_tokens=16", f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["draft"] == "SmallLMDrafter" and summary["k"] == 3 and summary["alpha"] > 0
+    if sampling == "greedy":
+        assert summary["greedy_match"] == 1.0

@@ -60,21 +60,25 @@ def test_launchers_and_loggers_compose(launcher, logger):
 
 
 @pytest.mark.default_target
-def test_smoke_k_sweep_runs_and_collects(tmp_path):
-    sweep = tmp_path / "k_sweep"
-    out = run_cli("experiment=k_sweep", "size=smoke", f"hydra.sweep.dir={sweep}")
+def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
+    sweep, out = smoke_k_sweep
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.count("[done]") == 12  # one line per finished job
+    assert out.stdout.count("[done]") == 18  # one line per finished job
     out = run_cli(str(sweep), module="specexp.collect")
     assert out.returncode == 0, out.stderr
     table = pd.read_parquet(sweep / "collected.parquet")
-    assert len(table) == 12 and set(table["status"]) == {"ok"}
+    assert len(table) == 18 and set(table["status"]) == {"ok"}
     assert {"cfg.draft.k", "choice.draft", "alpha", "tau", "speedup", "cost_ratio_c", "predicted_speedup",
             "acceptance_pos1", "greedy_match"} <= set(table.columns)
     assert sorted(table["cfg.draft.k"].unique()) == [1, 2, 3, 4, 6, 8]
-    assert set(table["choice.draft"]) == {"prompt_lookup", "target_prefix"}
+    assert set(table["choice.draft"]) == {"prompt_lookup", "target_prefix", "distilled"}
     assert (table["greedy_match"] == 1.0).all()
-    assert (sweep / "collected.csv").exists() and "12 jobs" in out.stdout
+    assert (sweep / "collected.csv").exists() and "18 jobs" in out.stdout
+    out = run_cli(str(sweep), "--out", str(tmp_path / "figures"), module="specexp.figures")
+    assert out.returncode == 0, out.stderr
+    made = {p.name for p in (tmp_path / "figures").iterdir()}
+    assert {"speedup_vs_k.pdf", "acceptance_curve.pdf", "cost_quality_plane.png", "headline.tex"} <= made
+    assert "skipped temperature_effect: needs 2 or more temperatures" in out.stdout
 
 
 @pytest.mark.default_target

@@ -1,0 +1,160 @@
+"""Paper figures from collected sweep tables (seaborn + matplotlib).
+
+Every function takes DataFrames made by `specexp.collect` / `specexp.figures` and returns a
+matplotlib Figure; none saves or shows. Inputs:
+- `jobs`: one row per job (`choice.draft`, `cfg.draft.k`, `alpha`, `cost_ratio_c`, `speedup`, ...);
+- `prompts`: one row per (job, prompt) (`per_prompt_table`), for intervals over prompts;
+- `positions`: one row per (job, prompt, draft position) (`acceptance_by_position`);
+- `history`: one row per (distillation run, validation) (`step`, `val/alpha`, `objective`).
+"""
+
+from collections.abc import Iterable
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+COLUMN_WIDTH_IN = 3.3  # one column of a two-column paper
+# Fixed draft order -> fixed colours: a draft keeps its colour in every figure of a paper.
+KNOWN_DRAFTS = ("prompt_lookup", "ngram_lm", "retrieval", "small_lm", "target_prefix", "distilled", "early_exit")
+
+
+def paper_theme() -> None:
+    """Small fonts for column width, vector text in PDFs, a white grid."""
+    sns.set_theme(context="paper", style="whitegrid", font_scale=0.9)
+    matplotlib.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42, "savefig.bbox": "tight", "savefig.dpi": 300,
+                                "figure.dpi": 100, "legend.frameon": False})
+
+
+def draft_palette(drafts: Iterable[str]) -> dict[str, tuple]:
+    """Colour-blind-safe colours, stable per draft name across figures."""
+    colors = sns.color_palette("colorblind", 10)
+    names = list(KNOWN_DRAFTS) + sorted(set(drafts) - set(KNOWN_DRAFTS))
+    return {name: colors[i % len(colors)] for i, name in enumerate(names)}
+
+
+def _figure(height: float = 2.3, width: float = COLUMN_WIDTH_IN, ncols: int = 1) -> tuple[Figure, list]:
+    fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False, layout="constrained")
+    return fig, list(axes.ravel())
+
+
+def analytical_speedup(a: float, k: np.ndarray, c: float) -> np.ndarray:
+    """(1 - a^(K+1)) / ((1 - a)(K c + 1)) for an array of K."""
+    k = np.asarray(k, dtype=float)
+    tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+    return tokens / (k * c + 1)
+
+
+def optimal_k(a: float, c: float, k_max: int = 32) -> int:
+    """The K in 1..k_max with the highest analytical speedup (the smallest on ties)."""
+    ks = np.arange(1, k_max + 1)
+    return int(ks[np.argmax(analytical_speedup(a, ks, c))])
+
+
+def best_speedup(a: np.ndarray, c: np.ndarray, k_max: int = 32) -> np.ndarray:
+    """max over K of the analytical speedup, elementwise over arrays of alpha and c."""
+    ks = np.arange(1, k_max + 1)[:, None]
+    a, c = np.broadcast_arrays(np.asarray(a, float), np.asarray(c, float))
+    flat_a, flat_c = a.ravel()[None, :], c.ravel()[None, :]
+    tokens = np.where(flat_a >= 1, ks + 1.0, (1 - flat_a ** (ks + 1)) / np.maximum(1 - flat_a, 1e-12))
+    return (tokens / (ks * flat_c + 1)).max(0).reshape(a.shape)
+
+
+def acceptance_curve(positions: pd.DataFrame) -> Figure:
+    """P(accept at draft position i | earlier accepted), per draft, 95% CI over prompts."""
+    fig, (ax,) = _figure()
+    sns.lineplot(data=positions, x="position", y="acceptance", hue="draft", marker="o", errorbar=("ci", 95),
+                 palette=draft_palette(positions["draft"]), ax=ax)
+    ax.set(xlabel="draft position i", ylabel="P(accept i | 1..i-1 accepted)", ylim=(0, 1.02))
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    return fig
+
+
+def speedup_vs_k(jobs: pd.DataFrame, prompts: pd.DataFrame | None = None) -> Figure:
+    """Measured speedup per K (mean and 95% CI over prompts; the job totals without `prompts`)
+    and the analytical curve from the measured alpha and c of each draft (K-averaged), its
+    optimum K marked with a star."""
+    fig, (ax,) = _figure()
+    palette = draft_palette(jobs["draft"])
+    sns.pointplot(data=jobs if prompts is None else prompts, x="k", y="speedup", hue="draft", native_scale=True,
+                  errorbar=None if prompts is None else ("ci", 95), palette=palette, linestyle="none", markers="o",
+                  markersize=3, err_kws={"linewidth": 1}, ax=ax)
+    k_max = int(jobs["k"].max())
+    ks = np.linspace(1, k_max, 200)
+    for draft, rows in jobs.groupby("draft"):
+        a, c = rows["alpha"].mean(), rows["cost_ratio_c"].mean()
+        if np.isnan(a) or np.isnan(c):
+            continue
+        ax.plot(ks, analytical_speedup(a, ks, c), color=palette[draft], linewidth=1, alpha=0.8, label=f"_{draft} model")
+        best = optimal_k(a, c, k_max)
+        ax.plot([best], analytical_speedup(a, np.array([best]), c), marker="*", markersize=8, color=palette[draft],
+                linestyle="none", label=f"_{draft} optimum")
+    ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle=":")
+    ax.set(xlabel="K (draft tokens per round)", ylabel="speedup over AR")
+    return fig
+
+
+def cost_quality_plane(jobs: pd.DataFrame, k_max: int = 32) -> Figure:
+    """Each draft at (c, alpha) over iso-speedup contours of the analytical model at the best K:
+    why a draft wins or loses on given hardware, at a glance."""
+    fig, (ax,) = _figure(height=2.6)
+    per_draft = jobs.groupby("draft")[["alpha", "cost_ratio_c"]].mean().dropna()
+    c_max = max(0.5, float(per_draft["cost_ratio_c"].max()) * 1.2) if len(per_draft) else 0.5
+    cs, alphas = np.linspace(0, c_max, 120), np.linspace(0.0, 0.99, 120)
+    C, A = np.meshgrid(cs, alphas)
+    levels = [0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0]
+    contours = ax.contour(C, A, best_speedup(A, C, k_max), levels=levels, colors="0.55", linewidths=0.7)
+    ax.clabel(contours, fmt=lambda v: f"{v:g}x", fontsize=6)
+    palette = draft_palette(per_draft.index)
+    for draft, row in per_draft.iterrows():
+        ax.scatter(row["cost_ratio_c"], row["alpha"], color=palette[draft], s=25, zorder=3, label=draft)
+    ax.set(xlabel="c (draft cost per token / target step)", ylabel=r"$\alpha$ (acceptance rate)", xlim=(0, c_max),
+           ylim=(0, 1))
+    ax.legend(loc="lower right", fontsize=6)
+    return fig
+
+
+def category_heatmap(jobs: pd.DataFrame, metric: str = "tau") -> Figure:
+    """metric (tau or speedup) per draft x prompt category (columns `{metric}.{category}`)."""
+    columns = [c for c in jobs.columns if c.startswith(f"{metric}.")]
+    grid = jobs.groupby("draft")[columns].mean()
+    grid.columns = [c.split(".", 1)[1] for c in columns]
+    fig, (ax,) = _figure(height=0.45 * len(grid) + 1.2, width=max(COLUMN_WIDTH_IN, 0.5 * len(grid.columns) + 1.5))
+    sns.heatmap(grid, annot=True, fmt=".2f", cmap="viridis", cbar_kws={"label": metric}, ax=ax, annot_kws={"size": 6})
+    ax.set(xlabel="prompt category", ylabel="draft")
+    return fig
+
+
+def effect_of(jobs: pd.DataFrame, factor: str, label: str) -> Figure:
+    """alpha and speedup against one factor (`temperature`, `batch_size`), a line per draft."""
+    fig, axes = _figure(ncols=2, width=2 * COLUMN_WIDTH_IN)
+    palette = draft_palette(jobs["draft"])
+    for ax, metric, name in zip(axes, ("alpha", "speedup"), (r"$\alpha$", "speedup over AR"), strict=True):
+        sns.lineplot(data=jobs, x=factor, y=metric, hue="draft", marker="o", palette=palette, ax=ax,
+                     legend=metric == "speedup")
+        ax.set(xlabel=label, ylabel=name)
+    return fig
+
+
+def distillation_curves(history: pd.DataFrame, hue: str = "objective") -> Figure:
+    """Held-out alpha over training steps, a line per `hue` (mean over the other factors)."""
+    fig, (ax,) = _figure()
+    sns.lineplot(data=history, x="step", y="val/alpha", hue=hue, marker="o", errorbar=None, ax=ax,
+                 palette="colorblind")
+    ax.set(xlabel="training step", ylabel=r"held-out $\alpha$ = 1 - TVD")
+    return fig
+
+
+def headline_table(jobs: pd.DataFrame) -> pd.DataFrame:
+    """Per draft at its best measured K: alpha, tau, c, speedup, predicted speedup, optimal K."""
+    rows = []
+    for draft, group in jobs.groupby("draft"):
+        best = group.loc[group["speedup"].idxmax()] if group["speedup"].notna().any() else group.iloc[0]
+        a, c = best["alpha"], best["cost_ratio_c"]
+        rows.append({"draft": draft, "K": int(best["k"]), "alpha": a, "tau": best["tau"], "c": c,
+                     "speedup": best["speedup"], "predicted": best["predicted_speedup"],
+                     "optimal K": optimal_k(a, c) if pd.notna(a) and pd.notna(c) else None})
+    return pd.DataFrame(rows).sort_values("speedup", ascending=False, na_position="last")

@@ -1,0 +1,169 @@
+"""Paper figures: the analytical model, every plotting function on synthetic tables (checked
+through their artists), and the figures command on empty and partial folders."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
+
+from specexp import metrics, plots  # noqa: E402
+from specexp.figures import make_figures  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DRAFTS = ("prompt_lookup", "distilled")
+
+
+def test_analytical_curve_matches_the_formula():
+    for a, k, c in [(0.6, 3, 0.1), (0.0, 2, 0.05), (0.95, 8, 0.02), (1.0, 4, 0.1)]:
+        assert plots.analytical_speedup(a, np.array([k]), c)[0] == pytest.approx(metrics.predicted_speedup(a, k, c))
+    assert plots.analytical_speedup(0.5, np.array([1]), 0.0)[0] == pytest.approx(1.5)  # 1 + a tokens per round
+
+
+def test_optimal_k_on_hand_checked_cases():
+    # a = 0.8, c = 0.1: S(5) = 3.689/1.5 = 2.460, S(6) = 3.951/1.6 = 2.470, S(7) = 4.161/1.7 = 2.448
+    assert plots.optimal_k(0.8, 0.1) == 6
+    assert plots.optimal_k(0.0, 0.1) == 1  # nothing is ever accepted: draft as little as possible
+    assert plots.optimal_k(1.0, 0.0, k_max=12) == 12  # free, always right: draft as much as allowed
+    grid_a, grid_c = np.array([[0.8, 0.3]]), np.array([[0.1, 0.5]])
+    expected = [max(metrics.predicted_speedup(a, k, c) for k in range(1, 33)) for a, c in [(0.8, 0.1), (0.3, 0.5)]]
+    np.testing.assert_allclose(plots.best_speedup(grid_a, grid_c)[0], expected)
+
+
+@pytest.fixture
+def synthetic():
+    rng = np.random.default_rng(0)
+    jobs, prompts, positions = [], [], []
+    for draft, a, c in [("prompt_lookup", 0.4, 0.01), ("distilled", 0.6, 0.1)]:
+        for k in (1, 2, 4):
+            for t in (0.0, 0.7):
+                speedup = metrics.predicted_speedup(a, k, c) * 0.8
+                jobs.append({"draft": draft, "k": k, "temperature": t, "batch_size": 1 + k // 2, "alpha": a,
+                             "cost_ratio_c": c, "speedup": speedup, "tau": 1 + a * k / 2, "predicted_speedup":
+                             metrics.predicted_speedup(a, k, c), "tau.writing": 1 + a, "tau.math": 1 + a / 2,
+                             "tau.coding": 1 + a / 3})
+                for p in range(6):
+                    prompts.append({"draft": draft, "k": k, "prompt_id": p, "speedup": speedup + rng.normal(0, 0.05)})
+                    positions += [{"draft": draft, "k": k, "prompt_id": p, "position": i, "acceptance":
+                                   float(np.clip(a + rng.normal(0, 0.05), 0, 1))} for i in range(1, k + 1)]
+    history = pd.DataFrame([{"objective": o, "step": s, "val/alpha": 0.3 + s / 1000 + (o == "tvd") * 0.05}
+                            for o in ("forward_kl", "tvd") for s in (100, 200, 300)])
+    return pd.DataFrame(jobs), pd.DataFrame(prompts), pd.DataFrame(positions), history
+
+
+def legend_labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_acceptance_curve_has_a_line_per_draft_with_intervals(synthetic):
+    _, _, positions, _ = synthetic
+    ax = plots.acceptance_curve(positions).axes[0]
+    assert sorted(legend_labels(ax)) == sorted(DRAFTS)
+    assert len(ax.collections) >= 2  # the confidence bands
+    assert ax.get_ylim()[0] == 0 and ax.get_xlabel().startswith("draft position")
+
+
+def test_speedup_vs_k_draws_points_the_model_and_its_optimum(synthetic):
+    jobs, prompts, _, _ = synthetic
+    ax = plots.speedup_vs_k(jobs, prompts).axes[0]
+    stars = [line for line in ax.lines if line.get_marker() == "*"]
+    assert len(stars) == 2
+    for draft, a, c in [("prompt_lookup", 0.4, 0.01), ("distilled", 0.6, 0.1)]:
+        assert any(star.get_xdata()[0] == plots.optimal_k(a, c, 4) for star in stars), draft
+    curves = [line for line in ax.lines if len(line.get_xdata()) == 200]
+    assert len(curves) == 2
+    for curve in curves:  # each model curve passes through the formula at K = 2
+        x, y = curve.get_xdata(), curve.get_ydata()
+        ys = [metrics.predicted_speedup(a, 2, c) for a, c in [(0.4, 0.01), (0.6, 0.1)]]
+        assert min(abs(np.interp(2, x, y) - v) for v in ys) < 1e-2
+
+
+def test_cost_quality_plane_places_each_draft_at_c_alpha(synthetic):
+    jobs, _, _, _ = synthetic
+    ax = plots.cost_quality_plane(jobs).axes[0]
+    points = {tuple(np.round(c.get_offsets()[0], 6)) for c in ax.collections if isinstance(c, PathCollection)}
+    assert points == {(0.01, 0.4), (0.1, 0.6)}
+    assert ax.get_xlabel().startswith("c") and "alpha" in ax.get_ylabel()
+    labels = {t.get_text() for t in ax.texts}  # the iso-speedup contour labels
+    assert {"1x", "1.5x", "2x"} <= labels
+
+
+def test_category_heatmap_annotates_every_cell(synthetic):
+    jobs, _, _, _ = synthetic
+    ax = plots.category_heatmap(jobs, "tau").axes[0]
+    values = sorted(float(t.get_text()) for t in ax.texts)
+    assert len(values) == 2 * 3
+    assert values[-1] == pytest.approx(1.6) and values[0] == pytest.approx(1 + 0.4 / 3, abs=0.005)
+    assert {t.get_text() for t in ax.get_xticklabels()} == {"writing", "math", "coding"}
+
+
+@pytest.mark.parametrize("factor", ["temperature", "batch_size"])
+def test_effect_plots_show_alpha_and_speedup(synthetic, factor):
+    jobs, _, _, _ = synthetic
+    fig = plots.effect_of(jobs, factor, factor)
+    assert [ax.get_ylabel() for ax in fig.axes] == [r"$\alpha$", "speedup over AR"]
+    assert sorted(legend_labels(fig.axes[1])) == sorted(DRAFTS)
+
+
+def test_distillation_curves_one_line_per_objective(synthetic):
+    *_, history = synthetic
+    ax = plots.distillation_curves(history).axes[0]
+    assert sorted(legend_labels(ax)) == ["forward_kl", "tvd"]
+    lines = [line for line in ax.lines if len(line.get_xdata()) == 3]
+    assert sorted(round(float(line.get_ydata()[-1]), 3) for line in lines) == [0.6, 0.65]
+
+
+def test_headline_table_picks_each_drafts_best_k(synthetic):
+    jobs, _, _, _ = synthetic
+    table = plots.headline_table(jobs).set_index("draft")
+    for draft, a, c in [("prompt_lookup", 0.4, 0.01), ("distilled", 0.6, 0.1)]:
+        best = max((1, 2, 4), key=lambda k: metrics.predicted_speedup(a, k, c))
+        assert table.loc[draft, "K"] == best and table.loc[draft, "optimal K"] == plots.optimal_k(a, c)
+
+
+def test_figures_command_explains_empty_and_partial_folders(tmp_path):
+    empty = subprocess.run([sys.executable, "-m", "specexp.figures", str(tmp_path)], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+    assert empty.returncode == 2 and "nothing to plot" in empty.stderr and "Traceback" not in empty.stderr
+    missing = subprocess.run([sys.executable, "-m", "specexp.figures", str(tmp_path / "nope")], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    failed = tmp_path / "sweep" / "draft=x"  # a sweep whose only job failed
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / ".hydra" / "config.yaml").write_text("draft: {k: 4}\n")
+    (failed / "error.json").write_text(json.dumps({"error": "boom"}))
+    written, skipped = make_figures([tmp_path / "sweep"], tmp_path / "figs")
+    assert written == [] and "no finished study jobs" in skipped["acceptance_curve"]
+    assert "2 or more K" in skipped["speedup_vs_k"]
+
+
+def test_wandb_jobs_maps_runs_to_the_job_table(monkeypatch):
+    """The notebooks' W&B path (no network here): runs -> the same columns as local results."""
+    import types
+
+    import wandb
+
+    runs = [types.SimpleNamespace(job_type="prompt_lookup", summary={"alpha": 0.4, "speedup": 1.1, "_step": 3, "name": "x"},
+                                  config={"draft": {"k": 4}, "sampling": {"temperature": 0.0}, "batch_size": 1})]
+    calls = []
+
+    class FakeApi:
+        def runs(self, project, filters=None):
+            calls.append((project, filters))
+            return runs
+
+    monkeypatch.setattr(wandb, "Api", FakeApi)
+    from specexp.figures import wandb_jobs
+
+    table = wandb_jobs("me/specexp", group="k_sweep")
+    assert calls == [("me/specexp", {"group": "k_sweep"})]
+    assert table.to_dict("records") == [{"draft": "prompt_lookup", "k": 4, "temperature": 0.0, "batch_size": 1,
+                                         "alpha": 0.4, "speedup": 1.1}]

@@ -1,0 +1,64 @@
+"""The analysis notebooks: stored without outputs, and each executes top to bottom against
+smoke sweeps made here (the study CLI and the distillation CLI on the default target)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "analysis").glob("*.ipynb"))
+
+
+def test_there_is_a_notebook_per_study_and_none_stores_outputs():
+    assert {p.stem for p in NOTEBOOKS} >= {"k_sweep", "draft_compare", "temperature_sweep", "batch_sweep",
+                                            "distill_ablation"}
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: strip outputs (nbstripout)"
+
+
+def run(module: str, *args: str) -> None:
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    out = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True, timeout=900,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook needs to draw
+    # (a sweep given on the command line replaces the experiment's for that key)
+    "draft_compare": ["experiment=draft_compare", "size=smoke", "data=mt_bench"],
+    "temperature_sweep": ["experiment=temperature_sweep", "size=smoke", "sampling.temperature=0.0,0.7",
+                          "draft=prompt_lookup"],
+    "batch_sweep": ["experiment=batch_sweep", "size=smoke", "batch_size=1,2"],
+}
+
+
+@pytest.mark.default_target
+@pytest.mark.parametrize("name", ["k_sweep", *SMOKE_SWEEPS, "distill_ablation"])
+def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, monkeypatch, request):
+    sweep = tmp_path / name
+    if name == "k_sweep":  # the sweep test_sweeps checks, made once per session
+        sweep, out = request.getfixturevalue("smoke_k_sweep")
+        assert out.returncode == 0, out.stderr[-3000:]
+    elif name == "distill_ablation":
+        run("specexp.distill", "experiment=distill_ablation", f"hydra.sweep.dir={sweep}", f"data.cache_dir={tmp_path}/cache",
+            "data.corpus.prompt_limit=4", "data.corpus.prompt_tokens=12", "data.corpus.generation_tokens=16",
+            "data.block_size=32", "draft_vocab_size=512", "trainer.max_steps=4", "trainer.val_check_interval=2",
+            "objective=forward_kl,tvd", "on_policy.ratio=0.0", "student=tiny")
+    else:
+        run("specexp", *SMOKE_SWEEPS[name], f"hydra.sweep.dir={sweep}")
+    monkeypatch.setenv("SPECEXP_SWEEP", str(sweep))
+    monkeypatch.setenv("SPECEXP_FIGURES", str(tmp_path / "figures"))
+    monkeypatch.delenv("SPECEXP_WANDB_PROJECT", raising=False)
+    notebook = nbformat.read(REPO / "analysis" / f"{name}.ipynb", as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(REPO / "analysis")}}).execute()
+    errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    assert list((tmp_path / "figures").glob("*.pdf"))  # the notebook saved its figures
