@@ -21,6 +21,7 @@ import pandas as pd  # noqa: E402
 from specexp import metrics, plots  # noqa: E402
 from specexp.collect import collect  # noqa: E402
 from specexp.distill.collect import collect as collect_distillation  # noqa: E402
+from specexp.report import markdown_table  # noqa: E402
 
 
 def study_jobs(paths: list[Path]) -> pd.DataFrame:
@@ -132,16 +133,9 @@ def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[
 
 def write_headline(jobs: pd.DataFrame, out: Path) -> None:
     table = plots.headline_table(jobs)
-    (out / "headline.md").write_text(_markdown(table))
+    (out / "headline.md").write_text(markdown_table(table))
     latex = table.style.hide(axis="index").format(precision=3, na_rep="--").to_latex(hrules=True)  # booktabs rules
     (out / "headline.tex").write_text(latex)
-
-
-def _markdown(table: pd.DataFrame) -> str:
-    cell = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
 
 
 def make_figures(paths: list[Path], out: Path) -> tuple[list[str], dict[str, str]]:

@@ -1,7 +1,8 @@
-"""The summary table printed at the end of a run (rich)."""
+"""Tables for people: the summary printed at the end of a run (rich), and markdown tables."""
 
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
@@ -14,6 +15,16 @@ def _fmt(value) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_fmt(v) for v in value) + "]"
     return str(value)
+
+
+def markdown_table(table: pd.DataFrame, digits: int = 3) -> str:
+    """A DataFrame as a GitHub markdown table (floats to `digits` places, missing as '-')."""
+    def cell(v) -> str:
+        return f"{v:.{digits}f}" if isinstance(v, float) and v == v else ("-" if v is None or v != v else str(v))
+
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
 
 
 def print_summary(summary: dict, out_dir: Path | None = None, console: Console | None = None) -> None:

@@ -79,6 +79,18 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     made = {p.name for p in (tmp_path / "figures").iterdir()}
     assert {"speedup_vs_k.pdf", "acceptance_curve.pdf", "cost_quality_plane.png", "headline.tex"} <= made
     assert "skipped temperature_effect: needs 2 or more temperatures" in out.stdout
+    # The plotting functions on the real tables: a series per draft of the sweep.
+    from specexp import figures, plots
+
+    jobs = figures.study_jobs([sweep])
+    drafts = {"prompt_lookup", "target_prefix", "distilled"}
+    ax = plots.speedup_vs_k(jobs, figures.per_prompt_table(jobs)).axes[0]
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == drafts
+    assert len([line for line in ax.lines if line.get_marker() == "*"]) == 3  # an optimal K per draft
+    positions = figures.acceptance_by_position(jobs)
+    assert set(positions["draft"]) == drafts and positions["position"].min() == 1 and positions["position"].max() <= 8
+    plane = plots.cost_quality_plane(jobs).axes[0]
+    assert {t.get_text() for t in plane.get_legend().get_texts()} == drafts
 
 
 @pytest.mark.default_target

@@ -13,6 +13,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from specexp.report import markdown_table
+
 
 def read_run(folder: Path) -> dict | None:
     """One finished run (a result.json), or None."""
@@ -40,10 +42,8 @@ def collect(path: str | Path) -> pd.DataFrame:
 
 
 def markdown(table: pd.DataFrame) -> str:
-    shown = table.drop(columns=["run", "history"]).sort_values("best_alpha", ascending=False)
-    header = "| " + " | ".join(shown.columns) + " |\n|" + "---|" * len(shown.columns) + "\n"
-    cell = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
-    return header + "".join("| " + " | ".join(cell(v) for v in row) + " |\n" for row in shown.itertuples(index=False))
+    """The table without paths and histories, best run first, as markdown."""
+    return markdown_table(table.drop(columns=["run", "history"]).sort_values("best_alpha", ascending=False), digits=4)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ evaluation prompt sets.
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,6 +104,7 @@ def cached_dataset(path: Path, build: Callable[[], datasets.Dataset]) -> dataset
         return datasets.load_from_disk(str(path))
     dataset = build()
     staging = path.with_name(path.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)  # left by a killed build
     dataset.save_to_disk(str(staging))
     staging.rename(path)
     return datasets.load_from_disk(str(path))
