@@ -126,7 +126,8 @@ def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[
         ("batch_effect", *when(has_jobs and jobs["batch_size"].nunique() >= 2,
                                lambda: plots.effect_of(jobs, "batch_size", "batch size"),
                                "needs 2 or more batch sizes (experiment=batch_sweep)")),
-        ("distillation_alpha", *when(not history.empty, lambda: plots.distillation_curves(history),
+        ("distillation_alpha", *when(not history.empty, lambda: plots.distillation_curves(
+            history, style="student" if history.get("student", pd.Series(dtype=str)).nunique() > 1 else None),
                                      "no distillation runs (result.json + metrics.jsonl)")),
     ]
 

@@ -139,10 +139,11 @@ def effect_of(jobs: pd.DataFrame, factor: str, label: str) -> Figure:
     return fig
 
 
-def distillation_curves(history: pd.DataFrame, hue: str = "objective") -> Figure:
-    """Held-out alpha over training steps, a line per `hue` (mean over the other factors)."""
+def distillation_curves(history: pd.DataFrame, hue: str = "objective", style: str | None = None) -> Figure:
+    """Held-out alpha over training steps, a line per `hue` (and dash per `style`), averaged
+    over the remaining factors."""
     fig, (ax,) = _figure()
-    sns.lineplot(data=history, x="step", y="val/alpha", hue=hue, marker="o", errorbar=None, ax=ax,
+    sns.lineplot(data=history, x="step", y="val/alpha", hue=hue, style=style, marker="o", errorbar=None, ax=ax,
                  palette="colorblind")
     ax.set(xlabel="training step", ylabel=r"held-out $\alpha$ = 1 - TVD")
     return fig
