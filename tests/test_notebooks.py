@@ -16,7 +16,7 @@ NOTEBOOKS = sorted((REPO / "analysis").glob("*.ipynb"))
 
 def test_there_is_a_notebook_per_study_and_none_stores_outputs():
     assert {p.stem for p in NOTEBOOKS} >= {"k_sweep", "draft_compare", "temperature_sweep", "batch_sweep",
-                                            "distill_ablation"}
+                                            "prompt_sets", "distill_ablation"}
     for path in NOTEBOOKS:
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type == "code":
@@ -36,6 +36,7 @@ SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook
     "temperature_sweep": ["experiment=temperature_sweep", "size=smoke", "sampling.temperature=0.0,0.7",
                           "draft=prompt_lookup"],
     "batch_sweep": ["experiment=batch_sweep", "size=smoke", "batch_size=1,2"],
+    "prompt_sets": ["experiment=prompt_sets", "size=smoke", "draft=prompt_lookup"],
 }
 
 
