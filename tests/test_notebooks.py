@@ -63,3 +63,25 @@ def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, monkeypatch, request
     errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
     assert list((tmp_path / "figures").glob("*.pdf"))  # the notebook saved its figures
+    check_figures_on_real_results(name, sweep)
+
+
+def check_figures_on_real_results(name: str, sweep: Path) -> None:
+    """The plotting functions on this real sweep draw the series its factors call for."""
+    from specexp import figures, plots
+
+    if name == "distill_ablation":
+        ax = plots.distillation_curves(figures.distillation_history([sweep])).axes[0]
+        assert {t.get_text() for t in ax.get_legend().get_texts()} == {"forward_kl", "tvd"}
+        return
+    jobs = figures.study_jobs([sweep])
+    if name in ("temperature_sweep", "batch_sweep"):
+        factor = "temperature" if name == "temperature_sweep" else "batch_size"
+        fig = plots.effect_of(jobs, factor, factor)
+        xs = {float(x) for ax in fig.axes for line in ax.lines for x in line.get_xdata()}
+        assert xs == ({0.0, 0.7} if name == "temperature_sweep" else {1.0, 2.0})
+    elif name in ("draft_compare", "prompt_sets"):
+        ax = plots.category_heatmap(jobs, "tau").axes[0]
+        categories = [c for c in jobs.columns if c.startswith("tau.")]
+        annotated = jobs.groupby("draft")[categories].mean().notna().to_numpy().sum()
+        assert len(ax.texts) == annotated > 0
