@@ -240,3 +240,30 @@ def test_shipped_distilled_draft_runs_exactly_on_the_default_target(tmp_path, sa
     assert summary["draft"] == "SmallLMDrafter" and summary["k"] == 3 and summary["alpha"] > 0
     if sampling == "greedy":
         assert summary["greedy_match"] == 1.0
+
+
+def test_cache_is_built_once_by_concurrent_runs(tmp_path):
+    """DDP ranks and parallel jobs share a corpus cache: one builds it, the others wait and load."""
+    import threading
+    import time
+
+    import datasets
+
+    from specexp.distill.data import cached_dataset
+
+    builds = []
+
+    def build():
+        builds.append(1)
+        time.sleep(0.5)
+        return datasets.Dataset.from_dict({"input_ids": [[1, 2], [3, 4]]})
+
+    loaded = []
+    threads = [threading.Thread(target=lambda: loaded.append(cached_dataset(tmp_path / "corpus", build)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(builds) == 1 and [len(d) for d in loaded] == [2, 2, 2]
+    assert not (tmp_path / "corpus.partial").exists()

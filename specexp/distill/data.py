@@ -17,6 +17,7 @@ import datasets
 import lightning as L
 import numpy as np
 import torch
+from filelock import FileLock
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
@@ -99,14 +100,15 @@ def _cache_key(*parts) -> str:
 
 def cached_dataset(path: Path, build: Callable[[], datasets.Dataset]) -> datasets.Dataset:
     """Load a Dataset saved at path, or build and save it (via a temporary folder, so a killed
-    build leaves nothing that looks finished)."""
-    if (path / "dataset_info.json").exists():
-        return datasets.load_from_disk(str(path))
-    dataset = build()
-    staging = path.with_name(path.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)  # left by a killed build
-    dataset.save_to_disk(str(staging))
-    staging.rename(path)
+    build leaves nothing that looks finished). A file lock makes concurrent runs (DDP ranks,
+    parallel sweep jobs) wait for one build instead of racing."""
+    with FileLock(str(path.with_name(path.name + ".lock"))):
+        if not (path / "dataset_info.json").exists():
+            dataset = build()
+            staging = path.with_name(path.name + ".partial")
+            shutil.rmtree(staging, ignore_errors=True)  # left by a killed build
+            dataset.save_to_disk(str(staging))
+            staging.rename(path)
     return datasets.load_from_disk(str(path))
 
 
