@@ -113,7 +113,7 @@ def target_prefix_drafter(target: LoadedModel, n_layers: int = 4, k: int = 4) ->
 DISTILLED_DRAFT = Path(__file__).resolve().parent.parent / "assets" / "distilled-smollm2-135m"
 
 
-def distilled_drafter(target: LoadedModel, k: int = 3, dtype: str = "float32", device: str | None = None) -> SmallLMDrafter:
+def distilled_drafter(target: LoadedModel, k: int = 1, dtype: str = "float32", device: str | None = None) -> SmallLMDrafter:
     """The draft distilled for the embedded default target that ships with specexp
     (`python -m specexp.distill experiment=distill_smollm2` reproduces it)."""
     if not (DISTILLED_DRAFT / "config.json").is_file():
