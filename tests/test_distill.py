@@ -198,6 +198,8 @@ def test_distill_command_end_to_end(tmp_path):
 
 def test_wandb_logger_gets_the_validation_alpha(tiny_pair, tmp_path, monkeypatch):
     """trainer_logger=wandb is Lightning's WandbLogger; offline, its run log holds val/alpha."""
+    import time
+
     from hydra import compose, initialize_config_dir
     from lightning.pytorch.loggers import WandbLogger
 
@@ -215,7 +217,11 @@ def test_wandb_logger_gets_the_validation_alpha(tiny_pair, tmp_path, monkeypatch
             enable_checkpointing=False).fit(module, datamodule=DistillDataModule(blocks, batch_size=8))
     logger.experiment.finish()
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
-    summary = offline_run(run_dir)["summary"]
+    for _ in range(40):  # wandb's service process may still be appending the log after finish()
+        summary = offline_run(run_dir)["summary"]
+        if "val/alpha" in summary:
+            break
+        time.sleep(0.25)
     assert 0 < summary["val/alpha"] <= 1 and "train/loss" in summary
 
 

@@ -47,5 +47,7 @@ def offline_run(run_dir: Path) -> dict:
     for key, value in summary.items():
         if key.endswith("/path") and str(value).endswith(".table.json"):
             tables[key[: -len("/path")]] = json.loads((run_dir / "files" / value).read_text())
-    return {"summary": summary, "config": config, "tags": list(run.tags), "group": run.run_group,
-            "job_type": run.job_type, "tables": tables}
+    # Lightning's WandbLogger can leave the run record out of the offline log; then only the
+    # summary and config are known (callers that need group/tags assert on them).
+    return {"summary": summary, "config": config, "tags": list(run.tags) if run else None,
+            "group": run.run_group if run else None, "job_type": run.job_type if run else None, "tables": tables}
