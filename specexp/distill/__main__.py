@@ -1,8 +1,8 @@
 """`python -m specexp.distill [overrides]`: distil a draft from the target with Lightning, then
 export the best student (by val/alpha) as an HF folder that `draft=small_lm draft.model=PATH` loads.
 
-  python -m specexp.distill data.prompts=mt_bench trainer.max_steps=300
-  python -m specexp.distill objective=forward_kl student.num_layers=4 ckpt_path=last   # resume
+  python -m specexp.distill student=from_target draft_vocab_size=8192 trainer.max_steps=300
+  python -m specexp.distill experiment=distill_smollm2 hydra.run.dir=outputs/distill_smollm2 ckpt_path=last  # resume
 """
 
 import json

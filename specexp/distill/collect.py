@@ -41,9 +41,13 @@ def collect(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame([r for r in runs if r is not None])
 
 
+def shown(table: pd.DataFrame) -> pd.DataFrame:
+    """The table without paths and histories, best run first."""
+    return table.drop(columns=["run", "history"]).sort_values("best_alpha", ascending=False)
+
+
 def markdown(table: pd.DataFrame) -> str:
-    """The table without paths and histories, best run first, as markdown."""
-    return markdown_table(table.drop(columns=["run", "history"]).sort_values("best_alpha", ascending=False), digits=4)
+    return markdown_table(shown(table), digits=4)
 
 
 def main() -> None:
@@ -56,10 +60,10 @@ def main() -> None:
         raise SystemExit(f"error: no finished distillation runs (result.json) under '{args.path}'")
     table.drop(columns=["history"]).to_csv(Path(args.path) / "collected.csv", index=False)
     rich_table = Table(title=f"distillation runs in {args.path}")
-    shown = table.drop(columns=["run", "history"]).sort_values("best_alpha", ascending=False)
-    for column in shown.columns:
+    view = shown(table)
+    for column in view.columns:
         rich_table.add_column(column)
-    for row in shown.itertuples(index=False):
+    for row in view.itertuples(index=False):
         rich_table.add_row(*(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row))
     Console().print(rich_table)
     if args.markdown:
