@@ -52,6 +52,24 @@ def reduced_vocab_copy(model: LoadedModel, keep_every: int = 2) -> LoadedModel:
     return draft
 
 
+
+def random_exit_head(target: LoadedModel, exit_layer: int, keep_every: int = 2, seed: int = 0):
+    """A "trained" exit head without training: a random non-zero adapter and a reduced vocabulary
+    (every keep_every-th id + EOS), so its q is neither the untrained head's nor full-support."""
+    from specexp.core.layers import decoder_parts
+    from specexp.drafts.draft_vocab import DraftVocab
+    from specexp.drafts.exit_head import ExitHead
+
+    kept = sorted(set(range(0, target.vocab_size, keep_every)) | {EOS})
+    torch.manual_seed(seed)  # the adapter's first layer is initialised from the global generator
+    head = ExitHead.trainable(decoder_parts(target.model), exit_layer, adapter_size=16,
+                              draft_vocab=DraftVocab(kept, target.vocab_size))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in head.adapter[-1].parameters():
+            param.copy_(0.3 * torch.randn(param.shape, generator=g))
+    return head.to(target.model.dtype).eval()
+
 @pytest.fixture(scope="session")
 def other_draft(target) -> LoadedModel:
     """Same vocabulary, perturbed weights: agrees with the target on part of the tokens."""

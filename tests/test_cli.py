@@ -68,6 +68,8 @@ BAD_INPUTS = {
     "vocab_mismatch": (["draft=small_lm", "draft.model={tiny}"], "vocab mismatch"),
     "empty_prompt_set": (["data=hf", "data.name_or_path={empty}"], "is empty"),
     "prompt_too_long": (["data=hf", "data.name_or_path={long}"], "exceeds the target's context of 8192"),
+    "exit_layer_out_of_range": (["draft=early_exit", "draft.exit_layer=30"], "exit_layer=30 is not allowed; it must be in 1..29"),
+    "missing_exit_head": (["draft=early_exit", "draft.head=/no/such/head"], "exit head '/no/such/head' does not exist"),
 }
 
 

@@ -6,11 +6,12 @@ import torch
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.drafts.base import Drafter
+from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.retrieval import RetrievalDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
-from tests.conftest import build_ngram_files, reduced_vocab_copy, tiny_model
+from tests.conftest import build_ngram_files, random_exit_head, reduced_vocab_copy, tiny_model
 from tests.drafters import RandomDrafter
 from tests.stats import P_VALUE_THRESHOLD, chi_square_p_value
 
@@ -36,11 +37,15 @@ def _drafters(kind: str, target, other, k: int, files: dict[str, str] | None = N
         "ngram_lm_confident": lambda: NgramLMDrafter(target, files["lm"], k=k, min_confidence=0.3),
         "retrieval_confident": lambda: RetrievalDrafter(target, files["store"], k=k, min_confidence=0.5),
         "reduced_vocab": lambda: SmallLMDrafter(target, reduced_vocab_copy(other), k=k),
+        "early_exit_shared": lambda: early_exit_drafter(target, exit_layer=1, k=k, mode="shared"),
+        "early_exit_naive": lambda: early_exit_drafter(target, exit_layer=1, k=k, mode="naive"),
+        "early_exit_trained": lambda: SharedEarlyExitDrafter(target, random_exit_head(target, 1), k=k),
     }[kind]()
 
 
 ALL_KINDS = ["agree", "disagree", "random", "prompt_lookup", "prompt_lookup_frequent", "ngram_lm", "retrieval",
-             "retrieval+context", "ngram_lm_confident", "retrieval_confident", "reduced_vocab"]
+             "retrieval+context", "ngram_lm_confident", "retrieval_confident", "reduced_vocab", "early_exit_shared",
+             "early_exit_naive", "early_exit_trained"]
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -114,7 +119,8 @@ def small_vocab_target(tmp_path_factory):
 
 @pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
 @pytest.mark.parametrize("kind", ["none", "disagree", "prompt_lookup", "ngram_lm", "ngram_lm_confident", "retrieval",
-                                  "retrieval+context", "reduced_vocab"])
+                                  "retrieval+context", "reduced_vocab", "early_exit_shared", "early_exit_naive",
+                                  "early_exit_trained"])
 def test_sampled_first_two_tokens_follow_the_target(small_vocab_target, kind, sampling):
     """Thousands of rows of one prompt in one batch: the engine's first two tokens ~ the target's."""
     target, files = small_vocab_target
@@ -157,5 +163,7 @@ def test_cuda_greedy_matches_target_alone(prompts):
     draft = LoadedModel(tiny_model(1, layers=1).model.to("cuda", torch.float32), None, "tiny-cuda-draft")
     g = torch.Generator(device="cuda").manual_seed(0)
     alone = generate(target.model, prompts, None, GREEDY, 16, NO_EOS, g)
-    for drafter in (SmallLMDrafter(target, draft, k=3), PromptLookupDrafter(target, k=3)):
+    for drafter in (SmallLMDrafter(target, draft, k=3), PromptLookupDrafter(target, k=3),
+                    early_exit_drafter(target, exit_layer=1, k=3, mode="shared"),
+                    early_exit_drafter(target, exit_layer=1, k=3, mode="naive")):
         assert generate(target.model, prompts, drafter, GREEDY, 16, NO_EOS, g).tokens == alone.tokens

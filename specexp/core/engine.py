@@ -14,7 +14,7 @@ from transformers import PreTrainedModel
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.core.verify import speculative_verify
-from specexp.drafts.base import Context, Drafter, Proposal
+from specexp.drafts.base import Context, Drafter, Proposal, SharesTargetPass
 
 
 @dataclass
@@ -120,6 +120,9 @@ def generate(
     first_probs = logits_to_probs(kv.forward(target, prompt_ids, prompt_mask), sampling)  # [B, 1, V]
     _, tip = speculative_verify(no_draft.tokens, no_draft.probs, first_probs, generator)  # [B]
     _, generated = _commit(ctx, tip[:, None], torch.zeros_like(tip), eos, max_new_tokens, generated)
+    shared_pass = isinstance(drafter, SharesTargetPass)
+    if shared_pass:
+        drafter.attach(kv)
     if drafter is not None:
         drafter.reset(ctx)
     sync()
@@ -137,7 +140,10 @@ def generate(
 
         # 2. One target pass over [tip, x_1..x_K]: p at K+1 positions.
         inputs = torch.cat([tip[:, None], proposal.tokens], dim=1)  # [B, K+1]
-        logits = kv.forward(target, inputs, logits_to_keep=K + 1)  # [B, K+1, V]
+        if shared_pass:  # an early-exit draft already ran the first layers of x_0..x_{K-1}
+            logits = drafter.target_forward(inputs)
+        else:
+            logits = kv.forward(target, inputs, logits_to_keep=K + 1)  # [B, K+1, V]
         target_probs = logits_to_probs(logits, sampling)
         sync()
         t2 = clock()

@@ -37,18 +37,25 @@ class RaggedKV:
         """Append T tokens per row and return the logits of the last ``logits_to_keep`` [B, n, V]."""
         if input_mask is None:
             input_mask = torch.ones_like(input_ids)
-        positions = self.n_valid[:, None] + input_mask.cumsum(1) - 1  # [B, T]
-        self.mask = torch.cat([self.mask, input_mask], dim=1)  # [B, L+T]
+        positions = self.extend(input_mask)
         out = model(
             input_ids=input_ids,
             attention_mask=self.mask,
-            position_ids=positions.clamp_min(0),
+            position_ids=positions,
             cache=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )
-        self.n_valid = self.n_valid + input_mask.sum(1)
         return out.logits
+
+    def extend(self, input_mask: torch.Tensor) -> torch.Tensor:
+        """Book T new slots per row ([B, T] mask, 0 = padding); returns their position ids [B, T].
+
+        For callers that run the model's layers themselves (the shared early-exit cache)."""
+        positions = self.n_valid[:, None] + input_mask.cumsum(1) - 1  # [B, T]
+        self.mask = torch.cat([self.mask, input_mask], dim=1)  # [B, L+T]
+        self.n_valid = self.n_valid + input_mask.sum(1)
+        return positions.clamp_min(0)
 
     def drop_last(self, n_drop: torch.Tensor) -> None:
         """Invalidate the last ``n_drop[b]`` valid tokens of each row b ([B] long)."""

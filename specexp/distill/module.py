@@ -7,6 +7,7 @@ import lightning as L
 import torch
 
 from specexp.distill.objectives import coarsen, objective, total_variation, warped_log_probs, with_rest
+from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
 
@@ -40,12 +41,20 @@ class DistillModule(L.LightningModule):
         self.teacher = teacher.model.eval().requires_grad_(False)
         self.draft_vocab = student.draft_vocab
         self.loss_fn = objective(objective_name)
+        if on_policy_ratio > 0 and not hasattr(self.student, "generate"):
+            raise UserInputError(f"on_policy.ratio={on_policy_ratio} needs a student that generates on its own; "
+                                 f"{type(self.student).__name__} does not (set on_policy.ratio=0)")
         self.strict_loading = False  # checkpoints hold the student only (see on_save_checkpoint)
 
     def _student_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Target ids [B, T] -> student logits [B, T, C] (C = V, or N+1 for a reduced vocabulary)."""
-        ids = input_ids if self.draft_vocab is None else self.draft_vocab.to_draft(input_ids)
-        return self.student(input_ids=ids).logits
+        return self.student(input_ids=self._student_ids(input_ids)).logits
+
+    def _student_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> the student's input ids (an exit head reads the target's own ids)."""
+        if self.draft_vocab is None or getattr(self.student, "reads_target_ids", False):
+            return input_ids
+        return self.draft_vocab.to_draft(input_ids)
 
     @torch.no_grad()
     def _teacher_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -73,7 +82,7 @@ class DistillModule(L.LightningModule):
         with torch.no_grad():
             was_training = self.student.training
             self.student.eval()
-            ids = prefix if self.draft_vocab is None else self.draft_vocab.to_draft(prefix)
+            ids = self._student_ids(prefix)
             suppress = None if self.draft_vocab is None else [self.draft_vocab.size]  # never sample "other"
             out = self.student.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
                                         top_k=0, top_p=1.0, max_new_tokens=T - P, min_new_tokens=T - P,
@@ -107,8 +116,9 @@ class DistillModule(L.LightningModule):
         self.log("val/greedy_match", (teacher.argmax(-1) == student.argmax(-1)).float().mean())
 
     def configure_optimizers(self):
-        decay = [p for n, p in self.student.named_parameters() if p.ndim >= 2]
-        no_decay = [p for n, p in self.student.named_parameters() if p.ndim < 2]
+        trainable = [p for p in self.student.parameters() if p.requires_grad]
+        decay = [p for p in trainable if p.ndim >= 2]
+        no_decay = [p for p in trainable if p.ndim < 2]
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}], lr=self.hparams.lr)
         total = max(self.trainer.max_steps, 1) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1000

@@ -4,7 +4,7 @@ from scratch, from an HF checkpoint, or initialised from the target's own weight
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from specexp.drafts.draft_vocab import DraftVocab
+from specexp.drafts.draft_vocab import DraftVocab, restrict_rows
 from specexp.drafts.small_lm import check_same_vocabulary
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, load_model
@@ -60,20 +60,10 @@ def student_from_target(target: LoadedModel, layers: list[int], draft_vocab: Dra
         for mine, theirs in zip(student.model.layers, [source.model.layers[i] for i in layers], strict=True):
             mine.load_state_dict(theirs.state_dict())
         student.model.norm.load_state_dict(source.model.norm.state_dict())
-        student.model.embed_tokens.weight.copy_(_restrict(source.model.embed_tokens.weight, draft_vocab))
+        student.model.embed_tokens.weight.copy_(restrict_rows(source.model.embed_tokens.weight, draft_vocab))
         if not config.tie_word_embeddings:
-            student.lm_head.weight.copy_(_restrict(source.lm_head.weight, draft_vocab))
+            student.lm_head.weight.copy_(restrict_rows(source.lm_head.weight, draft_vocab))
     student.generation_config = target.model.generation_config
     return LoadedModel(model=student.train(), tokenizer=target.tokenizer, name=f"student-from-{target.name}",
                        draft_vocab=draft_vocab)
 
-
-def _restrict(weight: torch.Tensor, draft_vocab: DraftVocab | None) -> torch.Tensor:
-    """Rows [V, H] of an embedding/head -> [N+1, H]: the kept tokens', then the others' mean."""
-    weight = weight.float()
-    if draft_vocab is None:
-        return weight
-    kept = weight[draft_vocab.target_ids]  # [N, H]
-    others = torch.ones(weight.shape[0], dtype=torch.bool)
-    others[draft_vocab.target_ids] = False
-    return torch.cat([kept, weight[others].mean(0, keepdim=True)])

@@ -5,6 +5,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.errors import UserInputError
 
@@ -62,6 +63,21 @@ class Drafter(Protocol):
         ``ctx`` already holds the tokens committed this round.
         """
 
+
+
+@runtime_checkable
+class SharesTargetPass(Protocol):
+    """A draft made of the target's own first layers (early exit, shared mode).
+
+    It writes those layers' KV for the positions it drafts from into the target's cache, so it
+    runs the round's target pass itself and computes only what drafting left out.
+    """
+
+    def attach(self, kv: RaggedKV) -> None:
+        """Take the target's cache (after the prompt pass, before reset)."""
+
+    def target_forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Append [tip, x_1..x_K] ([B, K+1]) to the target's cache; return its logits [B, K+1, V]."""
 
 def committed_tokens(ctx: Context, already_seen: list[int]) -> list[list[int]]:
     """Per row, the committed tokens after the first ``already_seen[b]`` (host lists)."""

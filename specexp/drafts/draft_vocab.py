@@ -80,3 +80,15 @@ class DraftVocab:
             return None
         payload = json.loads(path.read_text())
         return cls(payload["target_ids"], payload["target_vocab_size"], payload.get("vocab_fingerprint"))
+
+
+def restrict_rows(weight: torch.Tensor, draft_vocab: DraftVocab | None) -> torch.Tensor:
+    """Rows [V, H] of an embedding/LM head -> [N+1, H] (fp32): the kept tokens', then the mean of
+    the others' for the "other" slot. Without a draft vocabulary, all V rows."""
+    weight = weight.detach().float()
+    if draft_vocab is None:
+        return weight.clone()
+    kept = weight[draft_vocab.target_ids.to(weight.device)]  # [N, H]
+    others = torch.ones(weight.shape[0], dtype=torch.bool, device=weight.device)
+    others[draft_vocab.target_ids] = False
+    return torch.cat([kept, weight[others].mean(0, keepdim=True)])

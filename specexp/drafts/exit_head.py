@@ -1,0 +1,157 @@
+"""Exit heads: the hidden state after the target's layer L -> next-token logits.
+
+Untrained, the head is the target's own final norm and LM head (shared modules), which is how
+LayerSkip-trained models exit. A trained head puts a small residual MLP adapter (zero-initialised,
+so training starts at the untrained head) before copies of the norm and the LM head, the head
+optionally cut to a reduced draft vocabulary (N kept tokens + an "other" slot, like distilled
+students). Saved as `exit_head.json` + `exit_head.safetensors` (+ `draft_vocab.json`).
+"""
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers.modeling_outputs import CausalLMOutput
+
+from specexp.core.layers import DecoderParts, check_exit_layer, decoder_parts, run_layers
+from specexp.drafts.draft_vocab import DraftVocab, restrict_rows
+from specexp.errors import UserInputError
+from specexp.models import LoadedModel
+from specexp.ngram.corpus import vocab_fingerprint
+
+HEAD_CONFIG = "exit_head.json"
+HEAD_WEIGHTS = "exit_head.safetensors"
+
+
+class ExitHead(nn.Module):
+    """h [..., H] at the exit layer -> logits [..., C] (C = V, or N+1 with a draft vocabulary)."""
+
+    def __init__(self, exit_layer: int, norm: nn.Module, lm_head: nn.Module, adapter_size: int = 0,
+                 draft_vocab: DraftVocab | None = None, fingerprint: str | None = None):
+        super().__init__()
+        self.exit_layer, self.adapter_size = exit_layer, adapter_size
+        self.draft_vocab, self.fingerprint = draft_vocab, fingerprint
+        self.norm, self.lm_head = norm, lm_head
+        self.adapter = None
+        if adapter_size:
+            H = lm_head.in_features
+            self.adapter = nn.Sequential(copy.deepcopy(norm), nn.Linear(H, adapter_size), nn.SiLU(),
+                                         nn.Linear(adapter_size, H))
+            nn.init.zeros_(self.adapter[-1].weight)
+            nn.init.zeros_(self.adapter[-1].bias)
+
+    @property
+    def trained(self) -> bool:
+        return self.adapter is not None or self.draft_vocab is not None
+
+    @classmethod
+    def untrained(cls, parts: DecoderParts, exit_layer: int) -> "ExitHead":
+        check_exit_layer(parts, exit_layer)
+        return cls(exit_layer, parts.norm, parts.lm_head)
+
+    @classmethod
+    def trainable(cls, parts: DecoderParts, exit_layer: int, adapter_size: int = 256,
+                  draft_vocab: DraftVocab | None = None, fingerprint: str | None = None) -> "ExitHead":
+        """Copies of the target's norm and LM head (rows cut to the draft vocabulary), fp32."""
+        check_exit_layer(parts, exit_layer)
+        weight = restrict_rows(parts.lm_head.weight, draft_vocab)  # [C, H]
+        lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        lm_head.weight = nn.Parameter(weight)
+        head = cls(exit_layer, copy.deepcopy(parts.norm).float(), lm_head, adapter_size, draft_vocab, fingerprint)
+        return head.to(parts.lm_head.weight.device)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.adapter is not None:
+            hidden = hidden + self.adapter(hidden)
+        return self.lm_head(self.norm(hidden))
+
+    def target_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in the target's vocabulary [..., V]: -inf outside a draft vocabulary's tokens."""
+        logits = self(hidden)
+        return logits if self.draft_vocab is None else self.draft_vocab.to_target_logits(logits)
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, folder / HEAD_WEIGHTS)
+        config = {"exit_layer": self.exit_layer, "adapter_size": self.adapter_size,
+                  "hidden_size": self.lm_head.in_features, "output_size": self.lm_head.out_features,
+                  "vocab_fingerprint": self.fingerprint}
+        (folder / HEAD_CONFIG).write_text(json.dumps(config, indent=2))
+        if self.draft_vocab is not None:
+            self.draft_vocab.save(folder)
+
+    @classmethod
+    def load(cls, folder: str | Path, target: LoadedModel) -> "ExitHead":
+        """A saved head, checked against the target it will read hidden states from."""
+        folder = Path(folder).expanduser()
+        if not (folder / HEAD_CONFIG).is_file():
+            raise UserInputError(f"exit head '{folder}' does not exist (no {HEAD_CONFIG} there); "
+                                 f"give a folder written by `python -m specexp.distill student=exit_head`")
+        config = json.loads((folder / HEAD_CONFIG).read_text())
+        parts = decoder_parts(target.model)
+        fingerprint = vocab_fingerprint(target)
+        if config["hidden_size"] != parts.config.hidden_size or config["vocab_fingerprint"] not in (None, fingerprint):
+            raise UserInputError(f"exit head '{folder}' was trained for another target (hidden size "
+                                 f"{config['hidden_size']}, {config['vocab_fingerprint']}); '{target.name}' has "
+                                 f"{parts.config.hidden_size} and {fingerprint}")
+        head = cls.trainable(parts, config["exit_layer"], config["adapter_size"], DraftVocab.load(folder), fingerprint)
+        head.load_state_dict(load_file(folder / HEAD_WEIGHTS))
+        return head.to(target.model.device, target.model.dtype).eval()
+
+
+class EarlyExitModel(nn.Module):
+    """The target's layers 0..L-1 and an exit head, as a causal LM with the call signature the
+    engine's KV cache and the distillation module use.
+
+    The target is kept outside the module tree: parameters(), state_dict() and .to() are the
+    head's alone, so training, checkpoints and export touch only the head. Inputs are always the
+    target's ids (the trunk is the target's own); only the outputs may be a draft vocabulary.
+    """
+
+    reads_target_ids = True
+
+    def __init__(self, target_model: nn.Module, head: ExitHead, target_space_logits: bool = True):
+        super().__init__()
+        self._target = (target_model,)  # a tuple: not registered as a submodule
+        self.parts = decoder_parts(target_model)
+        self.config = target_model.config
+        self.head = head
+        self.target_space_logits = target_space_logits
+
+    @property
+    def device(self) -> torch.device:
+        return self._target[0].device
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache=None, use_cache: bool = False,
+                logits_to_keep: int = 0, **_) -> CausalLMOutput:
+        B, T = input_ids.shape
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = (torch.arange(T, device=input_ids.device) + past)[None].expand(B, T)
+        hidden = self.parts.embed_tokens(input_ids)  # [B, T, H]
+        hidden = run_layers(self.parts, hidden, range(self.head.exit_layer), cache if use_cache else None,
+                            attention_mask, position_ids)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        hidden = hidden.to(self.head.lm_head.weight.dtype)
+        logits = self.head.target_logits(hidden) if self.target_space_logits else self.head(hidden)
+        return CausalLMOutput(logits=logits)
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        self.head.save(folder)
+
+
+def exit_head_student(target: LoadedModel, exit_layer: int, adapter_size: int = 256,
+                      draft_vocab: DraftVocab | None = None) -> LoadedModel:
+    """A distillation student (`student=exit_head`): a trainable head over the frozen target's
+    layer-`exit_layer` hidden states; `python -m specexp.distill` exports it as a head folder."""
+    parts = decoder_parts(target.model)
+    head = ExitHead.trainable(parts, exit_layer, adapter_size, draft_vocab, vocab_fingerprint(target))
+    model = EarlyExitModel(target.model, head, target_space_logits=False)
+    return LoadedModel(model=model.train(), tokenizer=target.tokenizer, name=f"exit-head-L{exit_layer}",
+                       draft_vocab=draft_vocab)
