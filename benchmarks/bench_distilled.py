@@ -12,13 +12,10 @@ over AR on the same prompts), and the analytical prediction with its optimal K.
 import argparse
 import datetime
 import json
-import statistics
 from pathlib import Path
 
-import pandas as pd
 import torch
-from common import machine
-from tqdm import tqdm
+from common import interleaved_summaries, machine
 
 from specexp import metrics
 from specexp.core.engine import generate
@@ -27,7 +24,6 @@ from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import distilled_drafter
 from specexp.models import load_embedded_target
-from specexp.study import batch_record, round_table, summarize
 
 SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
 
@@ -64,25 +60,9 @@ def main() -> None:
 
     results = {}
     for sampling_name, sampling in SAMPLINGS.items():
-        rounds, batches, tokens = {m: [] for m in methods}, {m: [] for m in methods}, {m: {} for m in methods}
-        names = list(methods)
-        for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded, strict=True)), desc=sampling_name)):
-            for name in names[i % len(names):] + names[: i % len(names)]:
-                drafter, k = methods[name]
-                out = decode(ids, drafter, sampling, args.max_new_tokens, args.seed + i)
-                mode = "ar" if drafter is None else "spec"
-                rounds[name].append(round_table(out, [prompt], mode, i, k))
-                batches[name].append(batch_record(out, mode, i, prompt.category))
-                tokens[name][prompt.id] = (out.tokens[0], out.total_s)
-        ar_rounds, ar_batches = pd.concat(rounds["ar"]), pd.DataFrame(batches["ar"])
-        for name in names[1:]:
-            summary = summarize(pd.concat([ar_rounds, *rounds[name]], ignore_index=True),
-                                pd.concat([ar_batches, pd.DataFrame(batches[name])], ignore_index=True), methods[name][1])
-            ratios = [len(tokens[name][p][0]) / tokens[name][p][1] / (len(tokens["ar"][p][0]) / tokens["ar"][p][1])
-                      for p in tokens[name]]
-            summary["median_prompt_speedup"] = statistics.median(ratios)
-            summary["identical"] = sum(tokens[name][p][0] == tokens["ar"][p][0] for p in tokens[name])
-            results[(sampling_name, name)] = summary
+        summaries = interleaved_summaries(target, prompts, encoded, methods, sampling, args.max_new_tokens, args.seed,
+                                          sampling_name)
+        results |= {(sampling_name, name): summary for name, summary in summaries.items()}
 
     report = render(results, args)
     print(report)

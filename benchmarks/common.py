@@ -1,13 +1,18 @@
 """Helpers shared by the benchmark scripts: one decode through our engine, one through HF."""
 
 import platform
+import statistics
 import time
 
+import pandas as pd
 import torch
+from tqdm import tqdm
 
 from specexp.core.engine import GenerationOutput, generate
 from specexp.core.sampling import SamplingConfig
+from specexp.data import Prompt
 from specexp.models import LoadedModel
+from specexp.study import batch_record, round_table, summarize
 
 GREEDY = SamplingConfig()
 
@@ -30,3 +35,33 @@ def decode_hf(target: LoadedModel, ids: list[int], max_new: int, **kwargs) -> tu
 def machine() -> str:
     return (f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
             f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}")
+
+
+def interleaved_summaries(target: LoadedModel, prompts: list[Prompt], encoded: list[list[int]], methods: dict,
+                          sampling: SamplingConfig, max_new: int, seed: int, desc: str = "") -> dict[str, dict]:
+    """Decode every prompt with every method back to back, the order rotating per prompt so drift
+    on a shared machine hits all alike. ``methods``: name -> (drafter or None, K), with "ar" (the
+    baseline, drafter None) first. Returns per non-AR method the study's own `summarize` metrics,
+    plus the median per-prompt speedup and the number of prompts decoded identically to AR."""
+    names = list(methods)
+    rounds, batches, tokens = {m: [] for m in names}, {m: [] for m in names}, {m: {} for m in names}
+    for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded, strict=True)), desc=desc)):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            drafter, k = methods[name]
+            out = generate(target.model, [ids], drafter, sampling, max_new, target.eos_token_ids,
+                           torch.Generator().manual_seed(seed + i), target.pad_token_id)
+            mode = "ar" if drafter is None else "spec"
+            rounds[name].append(round_table(out, [prompt], mode, i, k))
+            batches[name].append(batch_record(out, mode, i, prompt.category))
+            tokens[name][prompt.id] = (out.tokens[0], out.total_s)
+    ar_rounds, ar_batches = pd.concat(rounds["ar"]), pd.DataFrame(batches["ar"])
+    results = {}
+    for name in names[1:]:
+        summary = summarize(pd.concat([ar_rounds, *rounds[name]], ignore_index=True),
+                            pd.concat([ar_batches, pd.DataFrame(batches[name])], ignore_index=True), methods[name][1])
+        ratios = [len(tokens[name][p][0]) / tokens[name][p][1] / (len(tokens["ar"][p][0]) / tokens["ar"][p][1])
+                  for p in tokens[name]]
+        summary["median_prompt_speedup"] = statistics.median(ratios)
+        summary["identical"] = sum(tokens[name][p][0] == tokens["ar"][p][0] for p in tokens[name])
+        results[name] = summary
+    return results

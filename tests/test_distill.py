@@ -154,18 +154,31 @@ def test_bad_inputs(tiny_pair, tmp_path):
 
 
 @pytest.mark.default_target
-def test_distill_command_end_to_end(tmp_path):
-    """Every source and option on the default target at toy size, then the export as a draft."""
+def toy_corpus_args(tmp_path) -> list[str]:
+    """A toy-sized corpus (the target's own chats + a text file) cached under tmp_path."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"Step {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(100)))
+    return ["data.corpus.prompt_limit=4", "data.corpus.prompt_tokens=12", "data.corpus.generation_tokens=16",
+            f"data.corpus.text=[{corpus}]", "data.block_size=32", f"data.cache_dir={tmp_path / 'cache'}"]
+
+
+def run_distill(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specexp.distill", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+
+
+def run_study(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specexp", "size=smoke", "data.limit=1", "max_new_tokens=8", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_distill_command_end_to_end(tmp_path):
+    """Every source and option on the default target at toy size, then the export as a draft."""
     run_dir = tmp_path / "run"
     args = ["student=from_target", "draft_vocab_size=512", "teacher_top_k=16", "on_policy.ratio=0.5",
-            "data.corpus.prompt_limit=4", "data.corpus.prompt_tokens=12", "data.corpus.generation_tokens=16",
-            f"data.corpus.text=[{corpus}]", "data.block_size=32", f"data.cache_dir={tmp_path / 'cache'}",
-            "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.log_every_n_steps=1",
-            "trainer_logger=csv", f"hydra.run.dir={run_dir}"]
-    out = subprocess.run([sys.executable, "-m", "specexp.distill", *args], cwd=REPO, capture_output=True, text=True,
-                         timeout=600)
+            *toy_corpus_args(tmp_path), "trainer.max_steps=6", "trainer.val_check_interval=3",
+            "trainer.log_every_n_steps=1", "trainer_logger=csv", f"hydra.run.dir={run_dir}"]
+    out = run_distill(*args)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "student exported to" in out.stdout
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
@@ -185,15 +198,35 @@ def test_distill_command_end_to_end(tmp_path):
     header = markdown(table).splitlines()[0]
     assert "best_alpha" in header and "history" not in header and "run" not in header.split(" | ")
 
-    study = subprocess.run([sys.executable, "-m", "specexp", "size=smoke", "data.limit=1", "max_new_tokens=8",
-                            "draft=small_lm", f"draft.model={run_dir / 'student'}", f"hydra.run.dir={tmp_path / 'study'}"],
-                           cwd=REPO, capture_output=True, text=True, timeout=600)
+    study = run_study("draft=small_lm", f"draft.model={run_dir / 'student'}", f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0
 
-    bad = subprocess.run([sys.executable, "-m", "specexp.distill", "objective=l2", f"hydra.run.dir={tmp_path / 'bad'}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    bad = run_distill("objective=l2", f"hydra.run.dir={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "objective 'l2' is unknown" in bad.stderr
+
+
+def test_exit_head_command_end_to_end(tmp_path):
+    """student=exit_head trains a head over the default target's layer 4 and exports a head
+    folder (no model copy) that draft=early_exit runs exactly, in both modes."""
+    run_dir = tmp_path / "run"
+    out = run_distill("student=exit_head", "student.exit_layer=4", "student.adapter_size=32", "draft_vocab_size=512",
+                      "teacher_top_k=16", *toy_corpus_args(tmp_path), "trainer.max_steps=4",
+                      "trainer.val_check_interval=2", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    head = run_dir / "student"
+    assert sorted(p.name for p in head.iterdir()) == ["draft_vocab.json", "exit_head.json", "exit_head.safetensors"]
+    assert json.loads((head / "exit_head.json").read_text())["exit_layer"] == 4
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["steps"] == 4 and result["parameters"] < 1_000_000  # the head alone, not the target
+    for mode in ("shared", "naive"):
+        study = run_study("draft=early_exit", f"draft.head={head}", "draft.exit_layer=null", f"draft.mode={mode}",
+                          f"hydra.run.dir={tmp_path / mode}")
+        assert study.returncode == 0, study.stderr[-3000:]
+        assert json.loads((tmp_path / mode / "summary.json").read_text())["greedy_match"] == 1.0
+
+    bad = run_distill("student=exit_head", "on_policy.ratio=0.5", *toy_corpus_args(tmp_path), f"hydra.run.dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2 and "on_policy.ratio=0.5 needs a student that generates" in bad.stderr
 
 
 def test_wandb_logger_gets_the_validation_alpha(tiny_pair, tmp_path, monkeypatch):

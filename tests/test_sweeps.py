@@ -171,3 +171,19 @@ def test_sigkilled_job_leaves_no_partial_results_and_rerun_fills_the_gap(tmp_pat
     collected = run_cli(str(sweep), module="specexp.collect")
     assert collected.returncode == 0 and "2 jobs" in collected.stdout
     assert OmegaConf.load(second / "config.yaml").draft.k == 2
+
+
+@pytest.mark.default_target
+def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path):
+    """experiment=exit_layer_sweep at one K: every exit layer with the untrained and the shipped
+    trained head, greedy identical to AR, the trained heads accepting more."""
+    sweep = tmp_path / "exit_layer_sweep"
+    out = run_cli("experiment=exit_layer_sweep", "size=smoke", "draft.k=2", "max_new_tokens=16",
+                  f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert run_cli(str(sweep), module="specexp.collect").returncode == 0
+    table = pd.read_parquet(sweep / "collected.parquet")
+    assert len(table) == 6 and set(table["status"]) == {"ok"} and (table["greedy_match"] == 1.0).all()
+    assert sorted(table["cfg.draft.exit_layer"].unique()) == [6, 12, 18]
+    alpha = table.groupby("cfg.draft.head")["alpha"].mean()
+    assert alpha["trained"] > alpha["untrained"] + 0.05

@@ -3,6 +3,7 @@ export the best student (by val/alpha) as an HF folder that `draft=small_lm draf
 
   python -m specexp.distill student=from_target draft_vocab_size=8192 trainer.max_steps=300
   python -m specexp.distill experiment=distill_smollm2 hydra.run.dir=outputs/distill_smollm2 ckpt_path=last  # resume
+  python -m specexp.distill student=exit_head student.exit_layer=12 draft_vocab_size=8192  # an exit head
 """
 
 import json
@@ -15,6 +16,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from transformers import PreTrainedModel
 
 from specexp.__main__ import CONFIG_DIR, _user_error
 from specexp.distill.data import (
@@ -88,8 +90,11 @@ def distill(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 def export_student(student: LoadedModel, folder: Path, dtype: str) -> None:
-    """An HF folder that `draft=small_lm draft.model=FOLDER` loads: weights, tokenizer, draft vocabulary."""
+    """An HF folder that `draft=small_lm draft.model=FOLDER` loads: weights, tokenizer, draft vocabulary.
+    An exit head writes its own folder (weights, config, draft vocabulary; it reads the target's ids)."""
     student.model.to(getattr(torch, dtype)).save_pretrained(folder)
+    if not isinstance(student.model, PreTrainedModel):
+        return
     if student.tokenizer is not None:
         student.tokenizer.save_pretrained(folder)
     if student.draft_vocab is not None:
