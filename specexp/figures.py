@@ -30,11 +30,24 @@ def study_jobs(paths: list[Path]) -> pd.DataFrame:
     if table.empty or "status" not in table or "alpha" not in table:
         return pd.DataFrame()
     table = table[table["status"] == "ok"].copy()
-    table["draft"] = table["choice.draft"]
+    table["draft"] = early_exit_labels(table)
+    table["exit_layer"] = table["cfg.draft.exit_layer"] if "cfg.draft.exit_layer" in table else None
     table["k"] = table["cfg.draft.k"].astype(int)
     table["temperature"] = table["cfg.sampling.temperature"].astype(float)
     table["batch_size"] = table["cfg.batch_size"].astype(int)
     return table.reset_index(drop=True)
+
+
+def early_exit_labels(table: pd.DataFrame) -> pd.Series:
+    """The draft choice per job; early-exit drafts as early_exit/HEAD/MODE, since the head
+    (untrained, trained, or a custom folder) and the mode change what is being measured."""
+    labels = table["choice.draft"].copy()
+    early = labels == "early_exit"
+    if early.any():
+        head = table.loc[early, "cfg.draft.head"].astype(str)
+        head = head.where(head.isin(["untrained", "trained"]), "custom")
+        labels[early] = "early_exit/" + head + "/" + table.loc[early, "cfg.draft.mode"].astype(str)
+    return labels
 
 
 def wandb_jobs(project: str, group: str | None = None) -> pd.DataFrame:
@@ -126,6 +139,9 @@ def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[
         ("batch_effect", *when(has_jobs and jobs["batch_size"].nunique() >= 2,
                                lambda: plots.effect_of(jobs, "batch_size", "batch size"),
                                "needs 2 or more batch sizes (experiment=batch_sweep)")),
+        ("exit_layer_effect", *when(has_jobs and jobs["exit_layer"].nunique() >= 2,
+                                    lambda: plots.effect_of(jobs.dropna(subset=["exit_layer"]), "exit_layer", "exit layer L"),
+                                    "needs 2 or more exit layers (experiment=exit_layer_sweep)")),
         ("distillation_alpha", *when(not history.empty, lambda: plots.distillation_curves(
             history, style="student" if history.get("student", pd.Series(dtype=str)).nunique() > 1 else None),
                                      "no distillation runs (result.json + metrics.jsonl)")),

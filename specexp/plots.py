@@ -129,7 +129,8 @@ def category_heatmap(jobs: pd.DataFrame, metric: str = "tau") -> Figure:
 
 
 def effect_of(jobs: pd.DataFrame, factor: str, label: str) -> Figure:
-    """alpha and speedup against one factor (`temperature`, `batch_size`), a line per draft."""
+    """alpha and speedup against one factor (`temperature`, `batch_size`, `exit_layer`), a line per
+    draft, averaged over the other factors (with a 95% CI)."""
     fig, axes = _figure(ncols=2, width=2 * COLUMN_WIDTH_IN)
     palette = draft_palette(jobs["draft"])
     for ax, metric, name in zip(axes, ("alpha", "speedup"), (r"$\alpha$", "speedup over AR"), strict=True):

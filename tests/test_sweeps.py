@@ -187,3 +187,12 @@ def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path)
     assert sorted(table["cfg.draft.exit_layer"].unique()) == [6, 12, 18]
     alpha = table.groupby("cfg.draft.head")["alpha"].mean()
     assert alpha["trained"] > alpha["untrained"] + 0.05
+    out = run_cli(str(sweep), "--out", str(tmp_path / "figures"), module="specexp.figures")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "figures" / "exit_layer_effect.pdf").exists()
+    from specexp import figures, plots
+
+    jobs = figures.study_jobs([sweep])
+    assert set(jobs["draft"]) == {"early_exit/untrained/shared", "early_exit/trained/shared"}
+    ax = plots.effect_of(jobs, "exit_layer", "exit layer L").axes[0]
+    assert sorted({x for line in ax.lines for x in line.get_xdata()}) == [6, 12, 18]

@@ -101,7 +101,8 @@ def resolve_head(target: LoadedModel, head: str, exit_layer: int | None) -> Exit
     loaded = ExitHead.load(head, target)
     if exit_layer is not None and exit_layer != loaded.exit_layer:
         raise UserInputError(f"draft.exit_layer={exit_layer} but the head '{head}' was trained at layer "
-                             f"{loaded.exit_layer}; drop draft.exit_layer or give a head for that layer")
+                             f"{loaded.exit_layer}; set draft.exit_layer=null to take the head's own, "
+                             f"or give a head for that layer")
     return loaded
 
 
