@@ -23,6 +23,7 @@ import torch
 from common import decode_hf, interleaved_summaries, machine
 from tqdm import tqdm
 
+from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.early_exit import early_exit_drafter
@@ -54,8 +55,8 @@ def main() -> None:
             for k in args.ks:
                 for mode in ("shared", "naive"):
                     methods[f"{head} K={k} {mode}"] = (early_exit_drafter(target, layer, k, head, mode), k)
-        for drafter, k in methods.values():  # warm-up
-            interleaved_summaries(target, prompts[:1], encoded[:1], {"ar": (None, 0), "x": (drafter, k)}, GREEDY, 4, 0)
+        for drafter, _ in methods.values():  # warm-up
+            generate(target.model, [encoded[0]], drafter, GREEDY, 4, target.eos_token_ids)
         summaries = interleaved_summaries(target, prompts, encoded, methods, GREEDY, args.max_new_tokens, args.seed,
                                           f"L={layer}")
         results |= {(layer, name): s for name, s in summaries.items()}
