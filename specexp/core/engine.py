@@ -140,7 +140,7 @@ def generate(
 
         # 2. One target pass over [tip, x_1..x_K]: p at K+1 positions.
         inputs = torch.cat([tip[:, None], proposal.tokens], dim=1)  # [B, K+1]
-        if shared_pass:  # an early-exit draft already ran the first layers of x_0..x_{K-1}
+        if shared_pass:  # an early-exit draft already ran its layers for the tip and x_1..x_{K-1}
             logits = drafter.target_forward(inputs)
         else:
             logits = kv.forward(target, inputs, logits_to_keep=K + 1)  # [B, K+1, V]

@@ -64,7 +64,6 @@ class Drafter(Protocol):
         """
 
 
-
 @runtime_checkable
 class SharesTargetPass(Protocol):
     """A draft made of the target's own first layers (early exit, shared mode).
@@ -78,6 +77,7 @@ class SharesTargetPass(Protocol):
 
     def target_forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Append [tip, x_1..x_K] ([B, K+1]) to the target's cache; return its logits [B, K+1, V]."""
+
 
 def committed_tokens(ctx: Context, already_seen: list[int]) -> list[list[int]]:
     """Per row, the committed tokens after the first ``already_seen[b]`` (host lists)."""
