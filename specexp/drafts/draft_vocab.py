@@ -88,7 +88,8 @@ def restrict_rows(weight: torch.Tensor, draft_vocab: DraftVocab | None) -> torch
     weight = weight.detach().float()
     if draft_vocab is None:
         return weight.clone()
-    kept = weight[draft_vocab.target_ids.to(weight.device)]  # [N, H]
+    ids = draft_vocab.target_ids.to(weight.device)
+    kept = weight[ids]  # [N, H]
     others = torch.ones(weight.shape[0], dtype=torch.bool, device=weight.device)
-    others[draft_vocab.target_ids] = False
+    others[ids] = False
     return torch.cat([kept, weight[others].mean(0, keepdim=True)])

@@ -57,7 +57,7 @@ class SharedEarlyExitDrafter:
             mask = torch.cat([mask, ones], dim=1)  # layers 0..L-1 grow one slot per step
             h = run_layers(self.parts, self.parts.embed_tokens(x), range(self.head.exit_layer), self.kv.cache,
                            mask, position + i)  # [B, 1, H]
-            q = logits_to_probs(self.head.target_logits(h[:, -1].to(self.head.lm_head.weight.dtype)), sampling)
+            q = logits_to_probs(self.head.target_logits(h[:, -1]), sampling)
             x = sample(q, generator)[:, None]
             tokens.append(x)
             probs.append(q)

@@ -43,10 +43,6 @@ class ExitHead(nn.Module):
             nn.init.zeros_(self.adapter[-1].weight)
             nn.init.zeros_(self.adapter[-1].bias)
 
-    @property
-    def trained(self) -> bool:
-        return self.adapter is not None or self.draft_vocab is not None
-
     @classmethod
     def untrained(cls, parts: DecoderParts, exit_layer: int) -> "ExitHead":
         check_exit_layer(parts, exit_layer)
@@ -64,6 +60,7 @@ class ExitHead(nn.Module):
         return head.to(parts.lm_head.weight.device)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.to(self.lm_head.weight.dtype)  # a trained head may differ from the trunk (fp32 vs bf16)
         if self.adapter is not None:
             hidden = hidden + self.adapter(hidden)
         return self.lm_head(self.norm(hidden))
@@ -138,7 +135,6 @@ class EarlyExitModel(nn.Module):
                             attention_mask, position_ids)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        hidden = hidden.to(self.head.lm_head.weight.dtype)
         logits = self.head.target_logits(hidden) if self.target_space_logits else self.head(hidden)
         return CausalLMOutput(logits=logits)
 
