@@ -6,14 +6,16 @@ Spec-Bench's six task groups (its 80 MT-bench questions form "multi_turn"), --pe
 evaluation prompts each, default target, greedy. The corpus of ngram_lm and retrieval is
 disjoint from them: the target's own answers to --corpus-per-group other questions per
 group, plus the text of every non-evaluation question. Per prompt, the AR baseline, our
-prompt_lookup / ngram_lm / retrieval, and HF generate(prompt_lookup_num_tokens=K) decode
-back to back (order rotating). Speedups are against our AR baseline on the same prompt.
+prompt_lookup (as configured, and uncapped = HF's proposals) / ngram_lm / retrieval, and HF
+generate(prompt_lookup_num_tokens=K) decode back to back (order rotating).
+Speedups are against our AR baseline on the same prompt.
 """
 
 import argparse
 import datetime
 import json
 import statistics
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from common import decode_hf, decode_ours, machine
 from tqdm import tqdm
 
 from specexp import metrics
+from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, question_jsonl
 from specexp.drafts.ngram_lm import NgramLMDrafter
@@ -34,7 +37,7 @@ from specexp.ngram.datastore import SuffixDatastore
 from specexp.ngram.kneser_ney import KneserNeyLM
 
 MT_BENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
-OURS = ("prompt_lookup", "ngram_lm", "retrieval")
+OURS = ("prompt_lookup", "prompt_lookup_uncapped", "ngram_lm", "retrieval")
 
 
 def task_group(category: str) -> str:
@@ -83,7 +86,10 @@ def main() -> None:
     corpus_tokens = sum(len(d) for d in documents)
 
     drafters = {
-        "prompt_lookup": PromptLookupDrafter(target, k=args.k, max_n=3),
+        "prompt_lookup": PromptLookupDrafter(target, k=args.k, max_n=3),  # draft=prompt_lookup's defaults
+        # HF's proposals token for token (earliest match, K tokens after any match): isolates the engine
+        "prompt_lookup_uncapped": PromptLookupDrafter(target, k=args.k, max_n=3, choice="first",
+                                                      max_tokens_after_match=[]),
         "ngram_lm": NgramLMDrafter(target, str(args.work / "lm.npz"), k=args.k, min_confidence=args.min_confidence),
         "retrieval": RetrievalDrafter(target, str(args.work / "store.npz"), k=args.k, min_confidence=args.min_confidence),
     }
@@ -112,14 +118,31 @@ def main() -> None:
             rows.append({"group": task_group(prompt.category), "prompt": prompt.id, "method": method, **o,
                          "identical": o["tokens"] == outputs["ar"]["tokens"]})
 
-    report = render(rows, args, corpus_tokens, len(documents))
+    costs = pass_cost(target, encoded[len(encoded) // 2], args.k)
+    report = render(rows, args, corpus_tokens, len(documents), costs)
     print(report)
     args.out.write_text(report)
     (args.work / "rows.json").write_text(json.dumps(
         [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()} for r in rows]))
 
 
-def render(rows: list[dict], args, corpus_tokens: int, corpus_docs: int) -> str:
+@torch.inference_mode()
+def pass_cost(target, ids: list[int], k: int, repeats: int = 15) -> dict[int, float]:
+    """Seconds of one target pass over T = 1..k+1 new tokens after ``ids`` (median, T interleaved),
+    through the engine's own cache: what verifying T-1 draft tokens costs."""
+    kv = RaggedKV.empty(target.model, 1, target.model.device)
+    kv.forward(target.model, torch.tensor([ids]))
+    seconds = defaultdict(list)
+    for _ in range(repeats):
+        for T in range(1, k + 2):
+            start = time.perf_counter()
+            kv.forward(target.model, torch.tensor([ids[:T]]), logits_to_keep=T)
+            seconds[T].append(time.perf_counter() - start)
+            kv.drop_last(torch.tensor([T]))
+    return {T: statistics.median(v) for T, v in seconds.items()}
+
+
+def render(rows: list[dict], args, corpus_tokens: int, corpus_docs: int, costs: dict[int, float]) -> str:
     groups = sorted({r["group"] for r in rows})
     by = defaultdict(list)
     for r in rows:
@@ -145,12 +168,20 @@ def render(rows: list[dict], args, corpus_tokens: int, corpus_docs: int) -> str:
         f"Command: `python benchmarks/bench_ngram.py --per-group {args.per_group} --max-new-tokens "
         f"{args.max_new_tokens} --k {args.k} --min-confidence {args.min_confidence}`.",
         "",
-        "Speedup = tokens/s over our AR baseline on the same prompts (total tokens / total seconds); "
-        "PL/HF = our prompt_lookup over HF's, median per-prompt ratio (total ratio in brackets).",
+        "Speedup = tokens/s over our AR baseline on the same prompts (total tokens / total seconds). "
+        "prompt_lookup is `draft=prompt_lookup` as configured (earliest match; at most 1 / 2 tokens after a "
+        "1- / 2-token match, K after a 3-token match); prompt_lookup_uncapped makes HF's proposals token for token "
+        "(K after any match). PL/HF = tokens/s of our prompt_lookup over HF's (total tokens / total seconds of "
+        "the group; median per-prompt ratio in brackets); uncapped/HF likewise, which isolates the engine.",
+        "",
+        "Cost of one target pass over T new tokens (the verify cost of T-1 draft tokens) relative to T = 1, "
+        "median of 15 interleaved repeats after a prompt of the middle evaluation prompt: "
+        + ", ".join(f"T={T}: {costs[T] / costs[1]:.2f}" for T in sorted(costs))
+        + f" (T=1: {costs[1] * 1000:.1f} ms).",
         "",
         "| group | AR tok/s | " + " | ".join(f"{m} alpha / tau / speedup" for m in OURS)
-        + " | HF PL speedup | PL/HF | identical |",
-        "|---|---|" + "---|" * len(OURS) + "---|---|---|",
+        + " | HF PL speedup | PL/HF | uncapped/HF | identical |",
+        "|---|---|" + "---|" * len(OURS) + "---|---|---|---|",
     ]
     for group in [*groups, "all"]:
         ar = tps(by[(group, "ar")])
@@ -163,11 +194,12 @@ def render(rows: list[dict], args, corpus_tokens: int, corpus_docs: int) -> str:
             a = metrics.alpha(proposed, accepted)
             cells.append(f"{a if a is not None else float('nan'):.2f} / {metrics.tau(emitted):.2f} / {tps(rs) / ar:.3f}")
         hf = tps(by[(group, "hf_prompt_lookup")])
-        pl_hf = per_prompt_ratio("prompt_lookup", "hf_prompt_lookup", group)
+        pl_hf, uncapped_hf = (f"{tps(by[(group, m)]) / hf:.3f} ({per_prompt_ratio(m, 'hf_prompt_lookup', group):.3f})"
+                              for m in ("prompt_lookup", "prompt_lookup_uncapped"))
         same = sum(r["identical"] for r in rows if (group == "all" or r["group"] == group))
         total = sum(1 for r in rows if group == "all" or r["group"] == group)
         lines.append(f"| {group} | {ar:.1f} | " + " | ".join(cells)
-                     + f" | {hf / ar:.3f} | {pl_hf:.3f} ({tps(by[(group, 'prompt_lookup')]) / hf:.3f}) | {same}/{total} |")
+                     + f" | {hf / ar:.3f} | {pl_hf} | {uncapped_hf} | {same}/{total} |")
     return "\n".join(lines) + "\n"
 
 

@@ -69,6 +69,8 @@ BAD_INPUTS = {
     "empty_prompt_set": (["data=hf", "data.name_or_path={empty}"], "is empty"),
     "prompt_too_long": (["data=hf", "data.name_or_path={long}"], "exceeds the target's context of 8192"),
     "exit_layer_out_of_range": (["draft=early_exit", "draft.exit_layer=30"], "exit_layer=30 is not allowed; it must be in 1..29"),
+    "lookup_caps_past_max_n": (["draft=prompt_lookup", "draft.max_tokens_after_match=[1,2,3,4]"],
+                               "draft.max_tokens_after_match=[1, 2, 3, 4] is not allowed"),
     "missing_exit_head": (["draft=early_exit", "draft.head=/no/such/head"], "exit head '/no/such/head' does not exist"),
 }
 

@@ -2,6 +2,7 @@
 
 from collections import Counter
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +11,7 @@ from specexp.core.sampling import SamplingConfig
 from specexp.drafts.base import Context
 from specexp.drafts.context_index import ContextIndex
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
+from specexp.errors import UserInputError
 
 
 def brute_force(seq: list[int], max_n: int, min_n: int, k: int, choice: str, max_candidates: int = 64):
@@ -61,7 +63,7 @@ def test_frequent_choice_prefers_the_common_continuation():
 
 
 def test_proposal_is_one_hot_and_padded(target):
-    drafter = PromptLookupDrafter(target, k=4, max_n=2, min_n=1)
+    drafter = PromptLookupDrafter(target, k=4, max_n=2, min_n=1, max_tokens_after_match=[])
     tokens = torch.tensor([[0, 7, 8, 9, 7, 8, 0], [4, 5, 6, 10, 11, 0, 0]])
     ctx = Context(tokens=tokens, start=torch.tensor([1, 0]), lengths=torch.tensor([6, 5]),
                   done=torch.tensor([False, False]))
@@ -77,3 +79,21 @@ def test_proposal_is_one_hot_and_padded(target):
     ctx.lengths = torch.tensor([6, 7])
     drafter.update(ctx, proposal, torch.tensor([0, 0]))
     assert drafter.propose(ctx, SamplingConfig(), None).tokens[1].tolist() == [6, 10, 11, 4]
+
+
+def test_short_matches_propose_at_most_their_cap(target):
+    # row 0 ends in "7 8" (a 2-gram match, continuation 9 7 8), row 1 in "6" (a 1-gram match only)
+    tokens = torch.tensor([[7, 8, 9, 7, 8], [6, 1, 2, 3, 6]])
+    ctx = Context(tokens=tokens, start=torch.tensor([0, 0]), lengths=torch.tensor([5, 5]),
+                  done=torch.tensor([False, False]))
+    for caps, expected in [([], [[9, 7, 8], [1, 2, 3, 6]]), ([1, 2], [[9, 7], [1]]), ([0], [[9, 7, 8], []])]:
+        drafter = PromptLookupDrafter(target, k=4, max_n=3, max_tokens_after_match=caps)
+        drafter.reset(ctx)
+        proposal = drafter.propose(ctx, SamplingConfig(), None)
+        assert [row[:n].tolist() for row, n in zip(proposal.tokens, proposal.n_proposed, strict=True)] == expected
+
+
+@pytest.mark.parametrize("caps", [[1, 2, 3, 4], [-1]])
+def test_bad_caps_are_refused(target, caps):
+    with pytest.raises(UserInputError, match="max_tokens_after_match"):
+        PromptLookupDrafter(target, k=4, max_n=3, max_tokens_after_match=caps)

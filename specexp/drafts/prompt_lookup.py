@@ -3,7 +3,14 @@
 Matches over the prompt plus everything generated so far, through an incremental n-gram
 index per row. The draft is deterministic, so q is one-hot and the shared rule accepts x
 with probability p(x) (exactly the greedy rule at temperature 0).
+
+Short matches are weak evidence: on held-out Spec-Bench prompts the first copied token
+after a 1-gram match is accepted 20-32% of the time, after a 3-gram match 60-80%. Verifying
+a token is not free (on a CPU a target pass over 5 tokens costs ~1.5x one over 1 token), so
+``max_tokens_after_match`` caps how far a short match is followed; longer matches propose K.
 """
+
+from collections.abc import Sequence
 
 import torch
 
@@ -14,15 +21,28 @@ from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
 CHOICES = ("recent", "first", "frequent")
+DEFAULT_CAPS = (1, 2)  # most tokens proposed after a match of 1, 2, ... tokens
+
+
+def check_caps(max_tokens_after_match: Sequence[int], max_n: int) -> tuple[int, ...]:
+    caps = tuple(int(cap) for cap in max_tokens_after_match)
+    if len(caps) > max_n or any(cap < 0 for cap in caps):
+        raise UserInputError(f"draft.max_tokens_after_match={list(caps)} is not allowed; give at most max_n={max_n} "
+                             "token counts >= 0 (entry n-1 caps the tokens proposed after an n-token match)")
+    return caps
 
 
 class PromptLookupDrafter:
-    def __init__(self, target: LoadedModel, k: int = 4, max_n: int = 3, min_n: int = 1, choice: str = "recent"):
+    def __init__(self, target: LoadedModel, k: int = 4, max_n: int = 3, min_n: int = 1, choice: str = "first",
+                 max_tokens_after_match: Sequence[int] | None = None):
         check_k(k)
         if not 1 <= min_n <= max_n:
             raise UserInputError(f"prompt lookup needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if choice not in CHOICES:
             raise UserInputError(f"draft.choice='{choice}' is unknown; allowed: {', '.join(CHOICES)}")
+        if max_tokens_after_match is None:
+            max_tokens_after_match = DEFAULT_CAPS[:max_n]
+        self.caps = check_caps(max_tokens_after_match, max_n)
         self.k, self.max_n, self.min_n, self.choice = k, max_n, min_n, choice
         self.vocab_size = target.vocab_size  # q lives on the target's vocabulary
         self.indexes: list[ContextIndex] = []
@@ -33,8 +53,13 @@ class PromptLookupDrafter:
 
     def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         done = ctx.done.tolist()
-        found = [[] if done[b] else index.lookup(self.k, self.choice)[1] for b, index in enumerate(self.indexes)]
+        found = [[] if done[b] else self._lookup(index) for b, index in enumerate(self.indexes)]
         return one_hot_proposal(found, self.vocab_size, ctx.tokens.device)
+
+    def _lookup(self, index: ContextIndex) -> list[int]:
+        n, continuation = index.lookup(self.k, self.choice)
+        cap = self.caps[n - 1] if 0 < n <= len(self.caps) else self.k  # n = 0: no match, nothing to cap
+        return continuation[:cap]
 
     def update(self, ctx: Context, proposal: Proposal | None, n_accepted: torch.Tensor | None) -> None:
         # Index what was committed since the last call; nothing to rewind.
