@@ -102,8 +102,10 @@ def main() -> None:
 
     comparisons = [
         compare("AR baseline vs generate()", target, encoded, args.max_new_tokens, None, {}, args.repeats),
-        compare(f"prompt_lookup K={args.k} vs generate(prompt_lookup_num_tokens={args.k})", target, encoded,
-                args.max_new_tokens, PromptLookupDrafter(target, k=args.k, max_n=args.max_n),
+        # HF's lookup rule (earliest match, K tokens after any match): the same proposals on both sides.
+        compare(f"prompt_lookup K={args.k} (HF's rule) vs generate(prompt_lookup_num_tokens={args.k})", target, encoded,
+                args.max_new_tokens, PromptLookupDrafter(target, k=args.k, max_n=args.max_n, choice="first",
+                                                         max_tokens_after_match=[]),
                 {"prompt_lookup_num_tokens": args.k, "max_matching_ngram_size": args.max_n}, args.repeats),
         compare(f"small_lm (first {args.draft_layers} layers) K={args.k} vs generate(assistant_model=)", target, encoded,
                 args.max_new_tokens, SmallLMDrafter(target, draft, k=args.k), {"assistant_model": draft.model}, args.repeats),
