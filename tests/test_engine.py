@@ -31,7 +31,7 @@ def _drafters(kind: str, target, other, k: int, files: dict[str, str] | None = N
         "random": lambda: RandomDrafter(target.vocab_size, k),
         "prompt_lookup": lambda: PromptLookupDrafter(target, k=k, max_n=3, min_n=1),
         "prompt_lookup_frequent": lambda: PromptLookupDrafter(target, k=k, max_n=2, min_n=1, choice="frequent",
-                                                                       max_tokens_after_match=[]),
+                                                              max_tokens_after_match=[]),  # uncapped
         "ngram_lm": lambda: NgramLMDrafter(target, files["lm"], k=k),
         "retrieval": lambda: RetrievalDrafter(target, files["store"], k=k, combine_context=False),
         "retrieval+context": lambda: RetrievalDrafter(target, files["store"], k=k, max_match=4, context_max_n=3),

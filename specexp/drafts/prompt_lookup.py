@@ -6,7 +6,7 @@ with probability p(x) (exactly the greedy rule at temperature 0).
 
 Short matches are weak evidence: on held-out Spec-Bench prompts the first copied token
 after a 1-gram match is accepted 20-32% of the time, after a 3-gram match 60-80%. Verifying
-a token is not free (on a CPU a target pass over 5 tokens costs ~1.5x one over 1 token), so
+a token is not free (on a CPU a target pass over 5 tokens costs ~1.6x one over 1 token), so
 ``max_tokens_after_match`` caps how far a short match is followed; longer matches propose K.
 """
 
