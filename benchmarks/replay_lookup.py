@@ -13,14 +13,14 @@ Prints, per task group, each rule's target time relative to HF's rule (earliest 
 import argparse
 from collections import defaultdict
 
-import numpy as np
 import torch
-from bench_ngram import pass_cost, task_group
+from bench_ngram import pass_cost, split_prompts, task_group
 from common import decode_ours
 from tqdm import tqdm
 
-from specexp.data import encode_prompts, question_jsonl
+from specexp.data import encode_prompts
 from specexp.drafts.context_index import ContextIndex
+from specexp.drafts.prompt_lookup import cap_continuation
 from specexp.models import load_embedded_target
 
 RULES = {  # name -> (choice, tokens proposed after a match of 1, 2, ... tokens; longer: K)
@@ -42,8 +42,8 @@ def replay(prompt: list[int], output: list[int], k: int, choice: str, caps: tupl
     index.extend(prompt + output[:1])  # the prompt pass gave the first token
     done, time = 1, 0.0
     while done < len(output):
-        n, draft = index.lookup(k, choice)
-        draft = draft[: caps[n - 1] if 0 < n <= len(caps) else k]
+        n, continuation = index.lookup(k, choice)
+        draft = cap_continuation(continuation, n, caps, k)
         accepted = 0
         while accepted < len(draft) and done + accepted < len(output) and draft[accepted] == output[done + accepted]:
             accepted += 1
@@ -65,14 +65,8 @@ def main() -> None:
     torch.set_grad_enabled(False)
 
     target = load_embedded_target("float32", "cpu")
-    by_group = defaultdict(list)
-    for prompt in question_jsonl(args.spec_bench):
-        by_group[task_group(prompt.category)].append(prompt)
-    rng = np.random.default_rng(0)  # the permutation bench_ngram.py's split_prompts draws
-    held_out = []
-    for group in sorted(by_group):
-        shuffled = [by_group[group][i] for i in rng.permutation(len(by_group[group]))]
-        held_out += shuffled[args.skip : args.skip + args.per_group]
+    # bench_ngram.py's own split, shifted past the prompts it uses: its "corpus answers" slot here.
+    _, held_out, _ = split_prompts(args.spec_bench, args.skip, args.per_group, seed=0)
     encoded = encode_prompts(target.tokenizer, held_out)
     seconds = pass_cost(target, encoded[len(encoded) // 2], args.k)
     cost = {T: s / seconds[1] for T, s in seconds.items()}

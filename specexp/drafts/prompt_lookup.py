@@ -32,6 +32,12 @@ def check_caps(max_tokens_after_match: Sequence[int], max_n: int) -> tuple[int, 
     return caps
 
 
+def cap_continuation(continuation: list[int], n: int, caps: Sequence[int], k: int) -> list[int]:
+    """The first tokens of a continuation found after an n-token match (n = 0: none found) that
+    the caps allow: caps[n-1] for a listed n, k for longer matches."""
+    return continuation[: caps[n - 1] if 0 < n <= len(caps) else k]
+
+
 class PromptLookupDrafter:
     def __init__(self, target: LoadedModel, k: int = 4, max_n: int = 3, min_n: int = 1, choice: str = "first",
                  max_tokens_after_match: Sequence[int] | None = None):
@@ -58,8 +64,7 @@ class PromptLookupDrafter:
 
     def _lookup(self, index: ContextIndex) -> list[int]:
         n, continuation = index.lookup(self.k, self.choice)
-        cap = self.caps[n - 1] if 0 < n <= len(self.caps) else self.k  # n = 0: no match, nothing to cap
-        return continuation[:cap]
+        return cap_continuation(continuation, n, self.caps, self.k)
 
     def update(self, ctx: Context, proposal: Proposal | None, n_accepted: torch.Tensor | None) -> None:
         # Index what was committed since the last call; nothing to rewind.
