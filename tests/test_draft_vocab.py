@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specexp.core.sampling import SamplingConfig
+from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.drafts.base import Context
 from specexp.drafts.draft_vocab import DraftVocab, frequent_tokens
 from specexp.drafts.small_lm import SmallLMDrafter
@@ -35,6 +35,21 @@ def test_maps_between_target_and_draft_ids():
     torch.testing.assert_close(coarse[:, :3], log_p[:, [2, 5, 9]])
     with pytest.raises(UserInputError, match="distinct target ids"):
         DraftVocab([2, 2], target_vocab_size=12)
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(), SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=3),
+                                 SamplingConfig(temperature=1.3, top_p=0.8)], ids=["greedy", "t1", "top_k", "top_p"])
+def test_sampling_over_the_kept_tokens_equals_sampling_the_target_space(cfg):
+    """The draft-space shortcut draws the same tokens with the same q as warping V logits that
+    are -inf outside the kept ids (same generator state, ascending kept ids)."""
+    vocab = DraftVocab([0, 2, 5, 6, 9, 11], target_vocab_size=12)
+    logits = torch.randn(200, vocab.size + 1, generator=torch.Generator().manual_seed(1))  # [B, N+1]
+    full_q = logits_to_probs(vocab.to_target_logits(logits), cfg)  # [B, V]
+    full_x = sample(full_q, torch.Generator().manual_seed(7))
+    x, q = vocab.sample(logits, cfg, torch.Generator().manual_seed(7))
+    torch.testing.assert_close(q, full_q)
+    assert torch.equal(x, full_x)
+    assert torch.isin(x, vocab.target_ids).all()
 
 
 def test_a_reduced_draft_proposes_only_its_tokens_with_zero_q_elsewhere(target, other_draft, prompts):

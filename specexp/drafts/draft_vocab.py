@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.errors import UserInputError
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
@@ -60,6 +61,23 @@ class DraftVocab:
         out = logits.new_full((*logits.shape[:-1], self.target_vocab_size), float("-inf"))
         return out.index_copy_(-1, self.target_ids, logits[..., : self.size])
 
+    def to_target_probs(self, probs: torch.Tensor) -> torch.Tensor:
+        """Probabilities over the kept tokens [..., N] -> target space [..., V], 0 elsewhere."""
+        self.target_ids = self.target_ids.to(probs.device)
+        out = probs.new_zeros((*probs.shape[:-1], self.target_vocab_size))
+        return out.index_copy_(-1, self.target_ids, probs)
+
+    def sample(self, logits: torch.Tensor, cfg: SamplingConfig,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft logits [B, N+1] -> a token [B] (target id) and its q [B, V], 0 outside the kept ids.
+
+        Warps and samples over the N kept tokens, not V: the same distribution as warping V
+        logits that are -inf elsewhere (with ascending kept ids, as `frequent_tokens` gives, even
+        the inverse-CDF draw picks the same token for the same u), without passes over all V.
+        """
+        q = logits_to_probs(logits[..., : self.size], cfg)  # [B, N]
+        return self.to_target(sample(q, generator)), self.to_target_probs(q)
+
     def coarsen_log_probs(self, log_p: torch.Tensor) -> torch.Tensor:
         """Target log-probabilities [..., V] -> [..., N+1]: the kept ids, then log P(any other)."""
         self.target_ids = self.target_ids.to(log_p.device)
@@ -80,6 +98,16 @@ class DraftVocab:
             return None
         payload = json.loads(path.read_text())
         return cls(payload["target_ids"], payload["target_vocab_size"], payload.get("vocab_fingerprint"))
+
+
+def sample_draft(logits: torch.Tensor, draft_vocab: DraftVocab | None, cfg: SamplingConfig,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft's logits [B, V] (or [B, N+1] with a draft vocabulary) -> a token [B] (target id)
+    and its q [B, V] in the target's space."""
+    if draft_vocab is not None:
+        return draft_vocab.sample(logits, cfg, generator)
+    q = logits_to_probs(logits, cfg)
+    return sample(q, generator), q
 
 
 def restrict_rows(weight: torch.Tensor, draft_vocab: DraftVocab | None) -> torch.Tensor:

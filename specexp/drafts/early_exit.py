@@ -15,8 +15,9 @@ import torch
 
 from specexp.core.kv import RaggedKV
 from specexp.core.layers import decoder_parts, final_logits, run_layers
-from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
+from specexp.core.sampling import SamplingConfig
 from specexp.drafts.base import Context, Drafter, Proposal, check_k
+from specexp.drafts.draft_vocab import sample_draft
 from specexp.drafts.exit_head import EarlyExitModel, ExitHead
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
@@ -57,8 +58,8 @@ class SharedEarlyExitDrafter:
             mask = torch.cat([mask, ones], dim=1)  # layers 0..L-1 grow one slot per step
             h = run_layers(self.parts, self.parts.embed_tokens(x), range(self.head.exit_layer), self.kv.cache,
                            mask, position + i)  # [B, 1, H]
-            q = logits_to_probs(self.head.target_logits(h[:, -1]), sampling)
-            x = sample(q, generator)[:, None]
+            token, q = sample_draft(self.head(h[:, -1]), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
+            x = token[:, None]
             tokens.append(x)
             probs.append(q)
             hidden.append(h)

@@ -5,9 +5,9 @@ from pathlib import Path
 import torch
 
 from specexp.core.kv import RaggedKV
-from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
+from specexp.core.sampling import SamplingConfig
 from specexp.drafts.base import Context, Proposal, check_k
-from specexp.drafts.draft_vocab import DraftVocab
+from specexp.drafts.draft_vocab import DraftVocab, sample_draft
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, first_layers, load_model
 from specexp.ngram.corpus import vocab_fingerprint
@@ -76,10 +76,9 @@ class SmallLMDrafter:
     def _step(self, input_ids: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Target ids [B, T] in -> the next token [B] (target id) and its q [B, V]."""
         logits = self.kv.forward(self.draft.model, self._draft_ids(input_ids), logits_to_keep=1)[:, -1]  # [B, V_d]
-        if self.draft_vocab is not None:
-            logits = self.draft_vocab.to_target_logits(logits)  # [B, V], -inf outside the draft's tokens
-        q = logits_to_probs(align_vocab(logits, self.vocab_size), sampling)  # [B, V]
-        return sample(q, generator), q
+        if self.draft_vocab is None:
+            logits = align_vocab(logits, self.vocab_size)  # [B, V]
+        return sample_draft(logits, self.draft_vocab, sampling, generator)
 
     @torch.inference_mode()
     def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
