@@ -1,6 +1,6 @@
 """The shipped distilled draft (draft=distilled) against prompt lookup and AR, per K.
 
-  python benchmarks/bench_distilled.py [--prompts 16] [--max-new-tokens 64] [--ks 1 2 3 4 6]
+  python benchmarks/bench_distilled.py [--prompts 16] [--max-new-tokens 64] [--ks 1 2 3 4 6] [--draft FOLDER]
 
 Default target, MT-bench (--prompts spread over its 8 categories), batch 1, greedy and
 temperature 0.7. Per prompt the AR baseline, prompt_lookup (K=4) and the distilled draft at
@@ -22,7 +22,7 @@ from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
-from specexp.drafts.small_lm import distilled_drafter
+from specexp.drafts.small_lm import SmallLMDrafter, distilled_drafter
 from specexp.models import load_embedded_target
 
 SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
@@ -40,6 +40,8 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 6])
     parser.add_argument("--pl-k", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--draft", type=Path, default=None,
+                        help="a draft folder (python -m specexp.distill ... export_dir=FOLDER); default: the shipped one")
     parser.add_argument("--work", type=Path, default=Path("outputs/bench_distilled"))
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("distilled.md"))
     args = parser.parse_args()
@@ -49,7 +51,10 @@ def main() -> None:
     prompts = mt_bench(limit=args.prompts, seed=args.seed)
     encoded = encode_prompts(target.tokenizer, prompts)
     methods = {"ar": (None, 0), f"prompt_lookup K={args.pl_k}": (PromptLookupDrafter(target, k=args.pl_k, max_n=3), args.pl_k)}
-    methods |= {f"distilled K={k}": (distilled_drafter(target, k=k), k) for k in args.ks}
+    def draft(k: int) -> SmallLMDrafter:
+        return distilled_drafter(target, k=k) if args.draft is None else SmallLMDrafter(target, str(args.draft), k=k)
+
+    methods |= {f"distilled K={k}": (draft(k), k) for k in args.ks}
 
     def decode(ids, drafter, sampling, max_new, seed):
         return generate(target.model, [ids], drafter, sampling, max_new, target.eos_token_ids,
@@ -73,14 +78,16 @@ def main() -> None:
 
 
 def render(results: dict, args) -> str:
+    draft = ("`draft=distilled` (specexp/assets/distilled-smollm2-135m, from `python -m specexp.distill "
+             "experiment=distill_smollm2`)" if args.draft is None else f"`draft=small_lm draft.model={args.draft}`")
+    command = (f"python benchmarks/bench_distilled.py --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
+               f"--ks {' '.join(map(str, args.ks))}" + ("" if args.draft is None else f" --draft {args.draft}"))
     lines = [
         f"# The distilled draft for the default target ({datetime.date.today().isoformat()})",
         "",
-        f"Machine: {machine()}, fp32. Target: SmolLM2-135M-Instruct (embedded); draft: `draft=distilled` "
-        f"(specexp/assets/distilled-smollm2-135m, from `python -m specexp.distill experiment=distill_smollm2`). "
+        f"Machine: {machine()}, fp32. Target: SmolLM2-135M-Instruct (embedded); draft: {draft}. "
         f"MT-bench, {args.prompts} prompts over its 8 categories, max_new_tokens={args.max_new_tokens}, batch 1. "
-        f"Command: `python benchmarks/bench_distilled.py --prompts {args.prompts} --max-new-tokens "
-        f"{args.max_new_tokens} --ks {' '.join(map(str, args.ks))}`.",
+        f"Command: `{command}`.",
         "",
         "speedup = tokens/s over AR on the same prompts (totals; median per-prompt ratio in brackets); "
         "predicted = (1 - a^(K+1)) / ((1 - a)(Kc + 1)) from the measured alpha and c; "
