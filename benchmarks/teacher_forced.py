@@ -1,8 +1,10 @@
 """How well draft exports predict the default target on MT-bench, without timing anything.
 
-  python benchmarks/teacher_forced.py FOLDER [FOLDER ...] [--prompts 16] [--max-new-tokens 64] [--out FILE]
+  python benchmarks/teacher_forced.py FOLDER [FOLDER ...] [--prompts 16] [--max-new-tokens 64] [--prompt-set self] [--out FILE]
 
-The target first writes its greedy answers to the first MT-bench turns; then each draft reads
+The target first writes its greedy answers to the first MT-bench turns (or, with --prompt-set self,
+to user turns it writes itself like the distillation corpus's, from generator seeds the corpus
+never used: the in-domain figure); then each draft reads
 prompt + answer in one forward pass (teacher forcing), and at every answer position we compare
 its next-token distribution with the target's:
 - greedy_match: the two argmaxes agree. Along the target's own greedy trajectory this is what K = 1
@@ -24,10 +26,12 @@ from common import GREEDY, machine
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.data import encode_prompts, mt_bench
+from specexp.distill.data import self_written_prompts
 from specexp.models import LoadedModel, load_embedded_target, load_model
 from specexp.report import markdown_table
 
 T07 = SamplingConfig(temperature=0.7)
+SELF_SEED = 1_000_000
 
 
 def target_answers(target: LoadedModel, encoded: list[list[int]], max_new: int) -> list[list[int]]:
@@ -63,12 +67,17 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-set", choices=["mt_bench", "self"], default="mt_bench")
     parser.add_argument("--out", help="also write the table as markdown here")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
 
     target = load_embedded_target("float32", "cpu")
-    encoded = encode_prompts(target.tokenizer, mt_bench(limit=args.prompts, seed=args.seed))
+    if args.prompt_set == "self":  # the corpus's generators are seeded 0, 64, ..., far below this
+        prompts = self_written_prompts(target, args.prompts, max_tokens=48, seed=SELF_SEED + args.seed)
+    else:
+        prompts = mt_bench(limit=args.prompts, seed=args.seed)
+    encoded = encode_prompts(target.tokenizer, prompts)
     answers = target_answers(target, encoded, args.max_new_tokens)
     rows = [{"draft": folder} | agreement(target, load_model(folder, dtype="float32", device="cpu"), encoded, answers)
             for folder in args.drafts]
@@ -77,7 +86,7 @@ def main() -> None:
     if args.out:
         header = (f"Teacher-forced agreement with the default target ({datetime.date.today()}; {machine()}):\n"
                   f"`python benchmarks/teacher_forced.py {' '.join(args.drafts)} --prompts {args.prompts} "
-                  f"--max-new-tokens {args.max_new_tokens}`\n\n")
+                  f"--max-new-tokens {args.max_new_tokens} --prompt-set {args.prompt_set}`\n\n")
         with open(args.out, "w") as f:
             f.write(header + table)
 

@@ -15,7 +15,14 @@ from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.distill.__main__ import export_student
 from specexp.distill.collect import collect, markdown
-from specexp.distill.data import DistillDataModule, documents_from_blocks, token_blocks, with_teacher_top_k
+from specexp.distill.data import (
+    DistillDataModule,
+    corpus_documents,
+    documents_from_blocks,
+    self_written_prompts,
+    token_blocks,
+    with_teacher_top_k,
+)
 from specexp.distill.module import DistillModule, is_on_policy_step
 from specexp.distill.student import build_student, student_from_target
 from specexp.drafts.draft_vocab import DraftVocab, frequent_tokens
@@ -151,6 +158,19 @@ def test_bad_inputs(tiny_pair, tmp_path):
         token_blocks([], separator=EOS, block_size=32)
     with pytest.raises(UserInputError, match=r"student layers \[5\] must be indices in 0..1"):
         student_from_target(target, [5])
+
+
+@pytest.mark.default_target
+def test_self_written_user_turns_start_with_the_openers_in_turn():
+    from specexp.models import load_embedded_target
+
+    target = load_embedded_target("float32", "cpu")
+    prompts = self_written_prompts(target, 3, max_tokens=6, batch_size=2, openers=["Write", "Explain"])
+    assert [p.text.startswith(o) for p, o in zip(prompts, ["Write", "Explain", "Write"], strict=True)] == [True] * 3
+    free = self_written_prompts(target, 2, max_tokens=6, batch_size=2)
+    assert all(p.text for p in free)
+    with pytest.raises(UserInputError, match=r"openers apply to prompts=self only .* prompts='mt_bench'"):
+        corpus_documents(target, prompts="mt_bench", openers=["Write"])
 
 
 @pytest.mark.default_target

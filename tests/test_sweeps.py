@@ -49,6 +49,14 @@ def test_every_distill_experiment_composes(experiment):
     assert cfg.data.corpus.prompts == "self" and cfg.data.block_size == 128
 
 
+def test_task_opener_corpus_extends_self_chat():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        plain = compose("distill", overrides=["corpus=self_chat"]).data.corpus
+        tasks = compose("distill", overrides=["corpus=self_chat_tasks"]).data.corpus
+    assert "Write" in tasks.openers and "openers" not in plain  # so the plain corpus keeps its cache key
+    assert {k: v for k, v in tasks.items() if k != "openers"} == dict(plain.items())
+
+
 @pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_slurm", "submitit_local"])
 @pytest.mark.parametrize("logger", ["none", "wandb"])
 def test_launchers_and_loggers_compose(launcher, logger):

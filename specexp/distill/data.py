@@ -42,17 +42,23 @@ def user_turn_prefix(tokenizer) -> list[int]:
 
 
 def self_written_prompts(target: LoadedModel, n: int, max_tokens: int = 64, temperature: float = 1.0,
-                         batch_size: int = 16, seed: int = 0) -> list[Prompt]:
-    """n user turns written by the target itself, sampled from the start of a user turn."""
+                         batch_size: int = 16, seed: int = 0, openers: list[str] | None = None) -> list[Prompt]:
+    """n user turns written by the target itself, sampled from the start of a user turn.
+
+    openers: words the turns start with, one after another (e.g. "Write", "Solve"), to spread the
+    turns over kinds of task; the target writes the rest. None: it starts them freely.
+    """
     prefix = user_turn_prefix(target.tokenizer)
+    heads = [target.tokenizer(o, add_special_tokens=False)["input_ids"] for o in openers or []] or [[]]
     prompts = []
     for start in tqdm(range(0, n, batch_size), desc="target writes user turns", unit="batch"):
-        rows = min(batch_size, n - start)
+        rows = [heads[(start + i) % len(heads)] for i in range(min(batch_size, n - start))]
         generator = torch.Generator(device=target.model.device).manual_seed(seed + start)
-        out = generate(target.model, [prefix] * rows, None, SamplingConfig(temperature=temperature), max_tokens,
-                       target.eos_token_ids, generator, target.pad_token_id)
-        for i, tokens in enumerate(out.tokens):
-            text = target.tokenizer.decode([t for t in tokens if t not in target.eos_token_ids], skip_special_tokens=True)
+        out = generate(target.model, [prefix + head for head in rows], None, SamplingConfig(temperature=temperature),
+                       max_tokens, target.eos_token_ids, generator, target.pad_token_id)
+        for i, (head, tokens) in enumerate(zip(rows, out.tokens, strict=True)):
+            words = head + [t for t in tokens if t not in target.eos_token_ids]
+            text = target.tokenizer.decode(words, skip_special_tokens=True)
             if text.strip():
                 prompts.append(Prompt(id=f"self-{start + i}", text=text.strip()))
     return prompts
@@ -61,16 +67,20 @@ def self_written_prompts(target: LoadedModel, n: int, max_tokens: int = 64, temp
 def corpus_documents(target: LoadedModel, text: list[str] | None = None, text_column: str = "text",
                      prompts: str | None = None, prompt_limit: int | None = None, prompt_tokens: int = 64,
                      generation_tokens: int = 128, temperature: float = 0.7, batch_size: int = 16,
-                     seed: int = 0) -> list[list[int]]:
+                     seed: int = 0, openers: list[str] | None = None) -> list[list[int]]:
     """Token documents from text data sets and/or the target's answers on a prompt set.
 
-    prompts: 'self' (the target writes them), 'mt_bench', any prompt data set, or None.
+    prompts: 'self' (the target writes them, starting with `openers` if given), 'mt_bench', any
+    prompt data set, or None.
     """
+    if openers and prompts != "self":
+        raise UserInputError(f"data.corpus.openers apply to prompts=self only (the target writing the user turns); "
+                             f"got prompts={prompts!r}")
     documents = []
     for source in text or []:
         documents += text_documents(target, source, text_column)
     if prompts == "self":
-        prompt_set = self_written_prompts(target, prompt_limit or 64, prompt_tokens, 1.0, batch_size, seed)
+        prompt_set = self_written_prompts(target, prompt_limit or 64, prompt_tokens, 1.0, batch_size, seed, openers)
     elif prompts == "mt_bench":
         prompt_set = mt_bench(limit=prompt_limit, seed=seed)
     elif prompts:
