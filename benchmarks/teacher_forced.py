@@ -4,9 +4,9 @@
 
 The target first writes its greedy answers to the first MT-bench turns (or, with --prompt-set self,
 to user turns it writes itself like the distillation corpus's, from generator seeds the corpus
-never used: the in-domain figure); then each draft reads
-prompt + answer in one forward pass (teacher forcing), and at every answer position we compare
-its next-token distribution with the target's:
+never used: the in-domain figure); then each draft reads prompt + answer in one forward pass
+(teacher forcing), and at every answer position we compare its next-token distribution with the
+target's:
 - greedy_match: the two argmaxes agree. Along the target's own greedy trajectory this is what K = 1
   greedy verification accepts (the engine's alpha counts only the positions where a round starts).
 - alpha@0.7: E[sum min(p, q)] = 1 - TVD at temperature 0.7, the expected acceptance of one drafted
