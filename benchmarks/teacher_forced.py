@@ -21,9 +21,8 @@ import datetime
 
 import pandas as pd
 import torch
-from common import GREEDY, machine
+from common import decode_ours, machine
 
-from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.data import encode_prompts, mt_bench
 from specexp.distill.data import self_written_prompts
@@ -35,8 +34,7 @@ SELF_SEED = 1_000_000
 
 
 def target_answers(target: LoadedModel, encoded: list[list[int]], max_new: int) -> list[list[int]]:
-    return [generate(target.model, [ids], None, GREEDY, max_new, target.eos_token_ids, torch.Generator().manual_seed(0),
-                     target.pad_token_id).tokens[0] for ids in encoded]
+    return [decode_ours(target, ids, None, max_new).tokens[0] for ids in encoded]
 
 
 def answer_logits(model: LoadedModel, ids: list[int], answer: list[int]) -> torch.Tensor:
