@@ -71,6 +71,8 @@ BAD_INPUTS = {
     "exit_layer_out_of_range": (["draft=early_exit", "draft.exit_layer=30"], "exit_layer=30 is not allowed; it must be in 1..29"),
     "lookup_caps_past_max_n": (["draft=prompt_lookup", "draft.max_tokens_after_match=[1,2,3,4]"],
                                "draft.max_tokens_after_match=[1, 2, 3, 4] is not allowed"),
+    "min_confidence_out_of_range": (["draft=distilled", "draft.min_confidence=1.5"],
+                                    "draft.min_confidence=1.5 is outside [0, 1)"),
     "missing_exit_head": (["draft=early_exit", "draft.head=/no/such/head"], "exit head '/no/such/head' does not exist"),
 }
 

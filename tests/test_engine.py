@@ -10,7 +10,7 @@ from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.retrieval import RetrievalDrafter
-from specexp.drafts.small_lm import SmallLMDrafter
+from specexp.drafts.small_lm import SmallLMDrafter, top_probability
 from tests.conftest import build_ngram_files, random_exit_head, reduced_vocab_copy, tiny_model
 from tests.drafters import RandomDrafter
 from tests.stats import P_VALUE_THRESHOLD, chi_square_p_value
@@ -22,6 +22,17 @@ NO_EOS = [10**6]  # an id no model emits: runs go to max_new_tokens
 def _gen(target, prompts, drafter, sampling=GREEDY, max_new=24, eos=NO_EOS, seed=0):
     g = torch.Generator().manual_seed(seed)
     return generate(target.model, prompts, drafter, sampling, max_new, eos, g)
+
+
+def confidence_quantile(draft, quantile: float = 0.5) -> float:
+    """A quantile of the draft's top probability on random contexts: a min_confidence at which its
+    rows stop drafting at some steps and not at others."""
+    x = torch.randint(1, draft.vocab_size, (4, 30), generator=torch.Generator().manual_seed(0))
+    vocab = draft.draft_vocab
+    with torch.no_grad():
+        logits = draft.model(x if vocab is None else vocab.to_draft(x)).logits
+    confidence = top_probability(logits if vocab is None else logits[..., : vocab.size])
+    return float(confidence.quantile(quantile))
 
 
 def _drafters(kind: str, target, other, k: int, files: dict[str, str] | None = None) -> Drafter:
@@ -38,15 +49,22 @@ def _drafters(kind: str, target, other, k: int, files: dict[str, str] | None = N
         "ngram_lm_confident": lambda: NgramLMDrafter(target, files["lm"], k=k, min_confidence=0.3),
         "retrieval_confident": lambda: RetrievalDrafter(target, files["store"], k=k, min_confidence=0.5),
         "reduced_vocab": lambda: SmallLMDrafter(target, reduced_vocab_copy(other), k=k),
+        "small_lm_confident": lambda: SmallLMDrafter(target, other, k=k, min_confidence=confidence_quantile(other)),
+        "reduced_vocab_confident": lambda: confident_reduced_vocab_drafter(target, other, k),
         "early_exit_shared": lambda: early_exit_drafter(target, exit_layer=1, k=k, mode="shared"),
         "early_exit_naive": lambda: early_exit_drafter(target, exit_layer=1, k=k, mode="naive"),
         "early_exit_trained": lambda: SharedEarlyExitDrafter(target, random_exit_head(target, 1), k=k),
     }[kind]()
 
 
+def confident_reduced_vocab_drafter(target, other, k: int) -> SmallLMDrafter:
+    draft = reduced_vocab_copy(other)
+    return SmallLMDrafter(target, draft, k=k, min_confidence=confidence_quantile(draft))
+
+
 ALL_KINDS = ["agree", "disagree", "random", "prompt_lookup", "prompt_lookup_frequent", "ngram_lm", "retrieval",
-             "retrieval+context", "ngram_lm_confident", "retrieval_confident", "reduced_vocab", "early_exit_shared",
-             "early_exit_naive", "early_exit_trained"]
+             "retrieval+context", "ngram_lm_confident", "retrieval_confident", "reduced_vocab", "small_lm_confident",
+             "reduced_vocab_confident", "early_exit_shared", "early_exit_naive", "early_exit_trained"]
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -120,8 +138,8 @@ def small_vocab_target(tmp_path_factory):
 
 @pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
 @pytest.mark.parametrize("kind", ["none", "disagree", "prompt_lookup", "ngram_lm", "ngram_lm_confident", "retrieval",
-                                  "retrieval+context", "reduced_vocab", "early_exit_shared", "early_exit_naive",
-                                  "early_exit_trained"])
+                                  "retrieval+context", "reduced_vocab", "small_lm_confident", "reduced_vocab_confident",
+                                  "early_exit_shared", "early_exit_naive", "early_exit_trained"])
 def test_sampled_first_two_tokens_follow_the_target(small_vocab_target, kind, sampling):
     """Thousands of rows of one prompt in one batch: the engine's first two tokens ~ the target's."""
     target, files = small_vocab_target
@@ -135,6 +153,19 @@ def test_sampled_first_two_tokens_follow_the_target(small_vocab_target, kind, sa
     assert chi_square_p_value(torch.bincount(pairs, minlength=144), expected) > P_VALUE_THRESHOLD
     if drafter is not None:
         assert int(out.n_accepted.sum()) > 0  # the draft path was exercised
+
+
+def test_a_confident_small_lm_stops_rows_independently(target, other_draft, prompts):
+    """Rows stop drafting at different steps, some rounds propose nothing, some all K; the
+    draft's cache rewinds right through all of it (the tokens equal the target's alone)."""
+    drafter = SmallLMDrafter(target, other_draft, k=4, min_confidence=confidence_quantile(other_draft, 0.25))
+    spec = _gen(target, prompts, drafter, max_new=30)
+    assert spec.tokens == _gen(target, prompts, None, max_new=30).tokens
+    proposed = spec.n_proposed[spec.active]
+    assert {0, 4} <= set(proposed.tolist()) and bool(((proposed > 0) & (proposed < 4)).any())
+    assert bool((spec.n_accepted[spec.active] <= proposed).all())
+    never = SmallLMDrafter(target, other_draft, k=4, min_confidence=0.999)  # nothing is that sure: plain AR rounds
+    assert int(_gen(target, prompts, never).n_proposed.sum()) == 0
 
 
 def test_seeded_runs_repeat_exactly(target, other_draft, prompts):

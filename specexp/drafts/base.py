@@ -90,6 +90,11 @@ def check_k(k: int) -> None:
         raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1")
 
 
+def check_min_confidence(min_confidence: float) -> None:
+    if not 0.0 <= min_confidence < 1.0:
+        raise UserInputError(f"draft.min_confidence={min_confidence} is outside [0, 1)")
+
+
 def _pad_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row token lists (any lengths) -> tokens [B, K] (zero-padded) and n_proposed [B]."""
     B, K = len(rows), max((len(r) for r in rows), default=0)

@@ -4,8 +4,7 @@ import numpy as np
 import torch
 
 from specexp.core.sampling import SamplingConfig, sample
-from specexp.drafts.base import Context, Proposal, check_k, warp_distribution
-from specexp.errors import UserInputError
+from specexp.drafts.base import Context, Proposal, check_k, check_min_confidence, warp_distribution
 from specexp.models import LoadedModel
 from specexp.ngram.corpus import check_fingerprint
 from specexp.ngram.kneser_ney import KneserNeyLM
@@ -22,8 +21,7 @@ class NgramLMDrafter:
 
     def __init__(self, target: LoadedModel, path: str, k: int = 4, min_confidence: float = 0.0):
         check_k(k)
-        if not 0.0 <= min_confidence < 1.0:
-            raise UserInputError(f"draft.min_confidence={min_confidence} is outside [0, 1)")
+        check_min_confidence(min_confidence)
         self.k, self.min_confidence = k, min_confidence
         self.lm = KneserNeyLM.load(path)
         check_fingerprint(self.lm.fingerprint, target, path)

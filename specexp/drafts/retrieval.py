@@ -5,7 +5,15 @@ import numpy as np
 import torch
 
 from specexp.core.sampling import SamplingConfig, sample
-from specexp.drafts.base import Context, Proposal, check_k, committed_tokens, stack_proposal, warp_distribution
+from specexp.drafts.base import (
+    Context,
+    Proposal,
+    check_k,
+    check_min_confidence,
+    committed_tokens,
+    stack_proposal,
+    warp_distribution,
+)
 from specexp.drafts.context_index import ContextIndex
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
@@ -19,8 +27,7 @@ class RetrievalDrafter:
         check_k(k)
         if max_match < 1 or max_occurrences < 1 or context_max_n < 1:
             raise UserInputError("draft.max_match, draft.max_occurrences and draft.context_max_n must be >= 1")
-        if not 0.0 <= min_confidence < 1.0:
-            raise UserInputError(f"draft.min_confidence={min_confidence} is outside [0, 1)")
+        check_min_confidence(min_confidence)
         self.min_confidence = min_confidence  # stop when the empirical top probability falls below it
         self.k, self.max_match, self.max_occurrences = k, max_match, max_occurrences
         self.combine_context, self.context_max_n = combine_context, context_max_n

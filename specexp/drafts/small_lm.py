@@ -6,7 +6,7 @@ import torch
 
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import Context, Proposal, check_k
+from specexp.drafts.base import Context, Proposal, check_k, check_min_confidence
 from specexp.drafts.draft_vocab import DraftVocab, sample_draft
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, first_layers, load_model
@@ -33,6 +33,12 @@ def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
         )
 
 
+def top_probability(logits: torch.Tensor) -> torch.Tensor:
+    """Logits [B, V] -> the untempered probability of the most likely token [B]: the draft's
+    confidence, the same under greedy and sampled decoding."""
+    return logits.float().softmax(-1).max(-1).values
+
+
 def align_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Draft logits [..., V_d] -> [..., vocab_size]: drop padded rows past the target's, or pad with -inf."""
     V_d = logits.shape[-1]
@@ -47,13 +53,21 @@ class SmallLMDrafter:
     A reduced-vocabulary draft (a `draft_vocab.json` beside the model) reads target ids mapped
     into its vocabulary and hands q in the target's space, zero outside its tokens.
 
+    A row stops drafting before the first token the draft itself gives less than
+    ``min_confidence`` (its untempered top probability over the tokens it can propose; HF's
+    ``assistant_confidence_threshold``, except that the doubtful token is not proposed): the
+    draft length adapts before verification, so exactness is untouched, and a round whose first
+    token is doubtful costs one target token instead of two.
+
     Cache invariant between rounds: the draft cache holds a prefix of each row's committed
     tokens; the rest (1 or 2 tokens) is fed at the start of the next propose.
     """
 
-    def __init__(self, target: LoadedModel, model: str | LoadedModel, k: int = 4, dtype: str = "auto", device: str | None = None):
+    def __init__(self, target: LoadedModel, model: str | LoadedModel, k: int = 4, dtype: str = "auto",
+                 device: str | None = None, min_confidence: float = 0.0):
         check_k(k)
-        self.k = k
+        check_min_confidence(min_confidence)
+        self.k, self.min_confidence = k, min_confidence
         if isinstance(model, str):
             model = load_model(model, dtype=dtype, device=device or str(target.model.device))
         check_same_vocabulary(model, target)
@@ -73,12 +87,17 @@ class SmallLMDrafter:
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         return tokens if self.draft_vocab is None else self.draft_vocab.to_draft(tokens)
 
-    def _step(self, input_ids: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target ids [B, T] in -> the next token [B] (target id) and its q [B, V]."""
+    def _step(self, input_ids: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[torch.Tensor, ...]:
+        """Target ids [B, T] in -> the next token [B] (target id), its q [B, V] and whether the
+        draft is confident enough to propose it [B]."""
         logits = self.kv.forward(self.draft.model, self._draft_ids(input_ids), logits_to_keep=1)[:, -1]  # [B, V_d]
         if self.draft_vocab is None:
             logits = align_vocab(logits, self.vocab_size)  # [B, V]
-        return sample_draft(logits, self.draft_vocab, sampling, generator)
+        x, q = sample_draft(logits, self.draft_vocab, sampling, generator)
+        if self.min_confidence == 0.0:
+            return x, q, torch.ones_like(x, dtype=torch.bool)
+        proposable = logits if self.draft_vocab is None else logits[:, : self.draft_vocab.size]  # [B, V or N]
+        return x, q, top_probability(proposable) >= self.min_confidence
 
     @torch.inference_mode()
     def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
@@ -89,32 +108,41 @@ class SmallLMDrafter:
         self.kv.drop_last(T - pending)
         feed = ctx.tokens.gather(1, ctx.lengths[:, None] - T + torch.arange(T, device=ctx.tokens.device))  # [B, T]
         tokens, probs = [], []
-        x, q = self._step(feed, sampling, generator)
+        drafting = torch.ones_like(ctx.done)  # [B]: rows that have not stopped
+        n_proposed = torch.zeros_like(ctx.lengths)
+        self.n_fed = 0  # drafted tokens this round's steps put into the cache
+        x, q, confident = self._step(feed, sampling, generator)
         for i in range(self.k):
+            drafting = drafting & confident
+            if self.min_confidence > 0.0 and not bool(drafting.any()):  # a host sync only when rows can stop
+                break
             tokens.append(x)
-            probs.append(q)
+            probs.append(q * drafting[:, None])  # zero q = not proposed
+            n_proposed = n_proposed + drafting.long()
             if i + 1 < self.k:
-                x, q = self._step(x[:, None], sampling, generator)
-        drafted = torch.stack(tokens, 1)  # [B, K]
-        return Proposal(tokens=drafted, probs=torch.stack(probs, 1),
-                        n_proposed=torch.full_like(ctx.lengths, self.k))
+                x, q, confident = self._step(x[:, None], sampling, generator)
+                self.n_fed += 1
+        if not tokens:
+            return Proposal.empty(ctx.tokens.shape[0], self.vocab_size, ctx.tokens.device)
+        return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), n_proposed=n_proposed)  # [B, K'], K' <= K
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
-        # The cache took x_1..x_{K-1}; keep the accepted ones, the rest of the round is fed next time.
-        self.kv.drop_last((self.k - 1) - n_accepted.clamp(max=self.k - 1))
+        # The cache took x_1..x_fed; keep the accepted ones, the rest of the round is fed next time.
+        self.kv.drop_last(self.n_fed - n_accepted.clamp(max=self.n_fed))
 
 
-def target_prefix_drafter(target: LoadedModel, n_layers: int = 4, k: int = 4) -> SmallLMDrafter:
+def target_prefix_drafter(target: LoadedModel, n_layers: int = 4, k: int = 4, min_confidence: float = 0.0) -> SmallLMDrafter:
     """A small_lm draft that needs no download: a copy of the target's first n layers + its head."""
-    return SmallLMDrafter(target, first_layers(target, n_layers), k=k)
+    return SmallLMDrafter(target, first_layers(target, n_layers), k=k, min_confidence=min_confidence)
 
 
 DISTILLED_DRAFT = Path(__file__).resolve().parent.parent / "assets" / "distilled-smollm2-135m"
 
 
-def distilled_drafter(target: LoadedModel, k: int = 1, dtype: str = "float32", device: str | None = None) -> SmallLMDrafter:
+def distilled_drafter(target: LoadedModel, k: int = 1, dtype: str = "float32", device: str | None = None,
+                      min_confidence: float = 0.0) -> SmallLMDrafter:
     """The draft distilled for the embedded default target that ships with specexp
     (`python -m specexp.distill experiment=distill_smollm2` reproduces it)."""
     if not (DISTILLED_DRAFT / "config.json").is_file():
         raise UserInputError(f"the shipped distilled draft is missing from {DISTILLED_DRAFT}; reinstall specexp")
-    return SmallLMDrafter(target, str(DISTILLED_DRAFT), k=k, dtype=dtype, device=device)
+    return SmallLMDrafter(target, str(DISTILLED_DRAFT), k=k, dtype=dtype, device=device, min_confidence=min_confidence)
