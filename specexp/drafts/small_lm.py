@@ -142,7 +142,7 @@ DISTILLED_DRAFT = Path(__file__).resolve().parent.parent / "assets" / "distilled
 def distilled_drafter(target: LoadedModel, k: int = 1, dtype: str = "float32", device: str | None = None,
                       min_confidence: float = 0.0) -> SmallLMDrafter:
     """The draft distilled for the embedded default target that ships with specexp
-    (`python -m specexp.distill experiment=distill_smollm2` reproduces it)."""
+    (`python -m specexp.distill experiment=distill_smollm2_tasks` reproduces it)."""
     if not (DISTILLED_DRAFT / "config.json").is_file():
         raise UserInputError(f"the shipped distilled draft is missing from {DISTILLED_DRAFT}; reinstall specexp")
     return SmallLMDrafter(target, str(DISTILLED_DRAFT), k=k, dtype=dtype, device=device, min_confidence=min_confidence)
