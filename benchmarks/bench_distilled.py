@@ -1,10 +1,11 @@
 """The shipped distilled draft (draft=distilled) against prompt lookup and AR, per K.
 
-  python benchmarks/bench_distilled.py [--prompts 16] [--max-new-tokens 64] [--ks 1 2 3 4 6] [--draft FOLDER]
+  python benchmarks/bench_distilled.py [--prompts 16] [--max-new-tokens 64] [--ks 1 2 3 4 6]
+      [--min-confidences 0 0.3] [--draft FOLDER]
 
 Default target, MT-bench (--prompts spread over its 8 categories), batch 1, greedy and
 temperature 0.7. Per prompt the AR baseline, prompt_lookup (K=4) and the distilled draft at
-each K decode back to back, order rotating. Every metric is the study's own (`summarize`):
+each K and draft.min_confidence decode back to back, order rotating. Every metric is the study's own (`summarize`):
 alpha, tau, c (draft seconds per drafted token / one AR step), verify cost, speedup (tokens/s
 over AR on the same prompts), and the analytical prediction with its optimal K.
 """
@@ -28,6 +29,10 @@ from specexp.models import load_embedded_target
 SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
 
 
+def method_name(k: int, min_confidence: float) -> str:
+    return f"distilled K={k}" + (f", min_confidence {min_confidence:g}" if min_confidence else "")
+
+
 def optimal_k(a: float, c: float, k_max: int = 16) -> int:
     """argmax_K of the analytical speedup (1 - a^(K+1)) / ((1 - a)(K c + 1))."""
     return max(range(1, k_max + 1), key=lambda k: metrics.predicted_speedup(a, k, c))
@@ -38,6 +43,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 6])
+    parser.add_argument("--min-confidences", type=float, nargs="+", default=[0.0],
+                        help="draft.min_confidence values (0 = always propose K tokens)")
     parser.add_argument("--pl-k", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--draft", type=Path, default=None,
@@ -51,10 +58,12 @@ def main() -> None:
     prompts = mt_bench(limit=args.prompts, seed=args.seed)
     encoded = encode_prompts(target.tokenizer, prompts)
     methods = {"ar": (None, 0), f"prompt_lookup K={args.pl_k}": (PromptLookupDrafter(target, k=args.pl_k, max_n=3), args.pl_k)}
-    def draft(k: int) -> SmallLMDrafter:
-        return distilled_drafter(target, k=k) if args.draft is None else SmallLMDrafter(target, str(args.draft), k=k)
+    def draft(k: int, min_confidence: float) -> SmallLMDrafter:
+        if args.draft is None:
+            return distilled_drafter(target, k=k, min_confidence=min_confidence)
+        return SmallLMDrafter(target, str(args.draft), k=k, min_confidence=min_confidence)
 
-    methods |= {f"distilled K={k}": (draft(k), k) for k in args.ks}
+    methods |= {method_name(k, t): (draft(k, t), k) for t in args.min_confidences for k in args.ks}
 
     def decode(ids, drafter, sampling, max_new, seed):
         return generate(target.model, [ids], drafter, sampling, max_new, target.eos_token_ids,
@@ -79,9 +88,10 @@ def main() -> None:
 
 def render(results: dict, args) -> str:
     draft = ("`draft=distilled` (specexp/assets/distilled-smollm2-135m, from `python -m specexp.distill "
-             "experiment=distill_smollm2`)" if args.draft is None else f"`draft=small_lm draft.model={args.draft}`")
+             "experiment=distill_smollm2_tasks`)" if args.draft is None else f"`draft=small_lm draft.model={args.draft}`")
     command = (f"python benchmarks/bench_distilled.py --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
-               f"--ks {' '.join(map(str, args.ks))}" + ("" if args.draft is None else f" --draft {args.draft}"))
+               f"--ks {' '.join(map(str, args.ks))} --min-confidences {' '.join(f'{t:g}' for t in args.min_confidences)}"
+               + ("" if args.draft is None else f" --draft {args.draft}"))
     lines = [
         f"# The distilled draft for the default target ({datetime.date.today().isoformat()})",
         "",
@@ -91,17 +101,22 @@ def render(results: dict, args) -> str:
         "",
         "speedup = tokens/s over AR on the same prompts (totals; median per-prompt ratio in brackets); "
         "predicted = (1 - a^(K+1)) / ((1 - a)(Kc + 1)) from the measured alpha and c; "
-        "opt K = its argmax; verify = seconds of a K+1-token target pass / one AR step.",
+        "opt K = its argmax; verify = seconds of a K+1-token target pass / one AR step. With a min_confidence "
+        "the draft length adapts (a row stops before a token the draft gives less than that): alpha is over the tokens "
+        "it did propose, c over its draft steps per proposed token (the step that found a doubtful token included), "
+        "and the fixed-K prediction does not apply (-).",
         "",
         "| sampling | draft | alpha | tau | c | verify | speedup | predicted | opt K | identical |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (sampling, name), s in results.items():
         a, c = s["alpha"], s["cost_ratio_c"]
-        opt = optimal_k(a, c) if a is not None and c else "-"
+        adaptive = "min_confidence" in name
+        opt = optimal_k(a, c) if a is not None and c and not adaptive else "-"
+        predicted = "-" if adaptive else f"{s['predicted_speedup']:.2f}"
         same = f"{s['identical']}/{args.prompts}" if sampling == "greedy" else "n/a"
         lines.append(f"| {sampling} | {name} | {a:.3f} | {s['tau']:.2f} | {c:.3f} | {s['verify_cost_ratio']:.2f} | "
-                     f"{s['speedup']:.3f} ({s['median_prompt_speedup']:.3f}) | {s['predicted_speedup']:.2f} | {opt} | "
+                     f"{s['speedup']:.3f} ({s['median_prompt_speedup']:.3f}) | {predicted} | {opt} | "
                      f"{same} |")
     return "\n".join(lines) + "\n"
 
