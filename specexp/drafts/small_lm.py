@@ -75,6 +75,7 @@ class SmallLMDrafter:
         self.vocab_size = target.vocab_size
         self.draft_vocab: DraftVocab | None = model.draft_vocab
         self.kv: RaggedKV | None = None
+        self.n_fed = 0  # drafted tokens the last propose put into the cache (update rewinds them)
 
     def reset(self, ctx: Context) -> None:
         B = ctx.tokens.shape[0]
@@ -110,14 +111,14 @@ class SmallLMDrafter:
         tokens, probs = [], []
         drafting = torch.ones_like(ctx.done)  # [B]: rows that have not stopped
         n_proposed = torch.zeros_like(ctx.lengths)
-        self.n_fed = 0  # drafted tokens this round's steps put into the cache
+        self.n_fed = 0
         x, q, confident = self._step(feed, sampling, generator)
         for i in range(self.k):
             drafting = drafting & confident
             if self.min_confidence > 0.0 and not bool(drafting.any()):  # a host sync only when rows can stop
                 break
             tokens.append(x)
-            probs.append(q * drafting[:, None])  # zero q = not proposed
+            probs.append(q if self.min_confidence == 0.0 else q * drafting[:, None])  # zero q = not proposed
             n_proposed = n_proposed + drafting.long()
             if i + 1 < self.k:
                 x, q, confident = self._step(x[:, None], sampling, generator)
