@@ -5,9 +5,10 @@
 
 Default target, MT-bench (--prompts spread over its 8 categories), batch 1, greedy and
 temperature 0.7. Per prompt the AR baseline, prompt_lookup (K=4) and the distilled draft at
-each K and draft.min_confidence decode back to back, order rotating. Every metric is the study's own (`summarize`):
-alpha, tau, c (draft seconds per drafted token / one AR step), verify cost, speedup (tokens/s
-over AR on the same prompts), and the analytical prediction with its optimal K.
+each K and draft.min_confidence decode back to back, order rotating. Every metric is the
+study's own (`summarize`): alpha, tau, c (draft seconds per drafted token / one AR step),
+verify cost, speedup (tokens/s over AR on the same prompts), and the analytical prediction
+with its optimal K.
 """
 
 import argparse
