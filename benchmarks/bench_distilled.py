@@ -1,7 +1,7 @@
 """The shipped distilled draft (draft=distilled) against prompt lookup and AR, per K.
 
   python benchmarks/bench_distilled.py [--prompts 16] [--max-new-tokens 64] [--ks 1 2 3 4 6]
-      [--min-confidences 0 0.3] [--draft FOLDER]
+      [--min-confidences 0 0.3] [--quantize none int8] [--draft FOLDER]
 
 Default target, MT-bench (--prompts spread over its 8 categories), batch 1, greedy and
 temperature 0.7. Per prompt the AR baseline, prompt_lookup (K=4) and the distilled draft at
@@ -30,8 +30,9 @@ from specexp.models import load_embedded_target
 SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
 
 
-def method_name(k: int, min_confidence: float) -> str:
-    return f"distilled K={k}" + (f", min_confidence {min_confidence:g}" if min_confidence else "")
+def method_name(k: int, min_confidence: float, quantize: str | None) -> str:
+    return (f"distilled K={k}" + (f", min_confidence {min_confidence:g}" if min_confidence else "")
+            + (f", {quantize}" if quantize else ""))
 
 
 def optimal_k(a: float, c: float, k_max: int = 16) -> int:
@@ -46,6 +47,8 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 6])
     parser.add_argument("--min-confidences", type=float, nargs="+", default=[0.0],
                         help="draft.min_confidence values (0 = always propose K tokens)")
+    parser.add_argument("--quantize", nargs="+", default=["none"], choices=["none", "int8"],
+                        help="draft.quantize values (none = the draft's fp32 weights)")
     parser.add_argument("--pl-k", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--draft", type=Path, default=None,
@@ -59,12 +62,13 @@ def main() -> None:
     prompts = mt_bench(limit=args.prompts, seed=args.seed)
     encoded = encode_prompts(target.tokenizer, prompts)
     methods = {"ar": (None, 0), f"prompt_lookup K={args.pl_k}": (PromptLookupDrafter(target, k=args.pl_k, max_n=3), args.pl_k)}
-    def draft(k: int, min_confidence: float) -> SmallLMDrafter:
+    def draft(k: int, min_confidence: float, quantize: str | None) -> SmallLMDrafter:
         if args.draft is None:
-            return distilled_drafter(target, k=k, min_confidence=min_confidence)
-        return SmallLMDrafter(target, str(args.draft), k=k, min_confidence=min_confidence)
+            return distilled_drafter(target, k=k, min_confidence=min_confidence, quantize=quantize)
+        return SmallLMDrafter(target, str(args.draft), k=k, min_confidence=min_confidence, quantize=quantize)
 
-    methods |= {method_name(k, t): (draft(k, t), k) for t in args.min_confidences for k in args.ks}
+    quantizes = [None if q == "none" else q for q in args.quantize]
+    methods |= {method_name(k, t, q): (draft(k, t, q), k) for q in quantizes for t in args.min_confidences for k in args.ks}
 
     def decode(ids, drafter, sampling, max_new, seed):
         return generate(target.model, [ids], drafter, sampling, max_new, target.eos_token_ids,
@@ -92,11 +96,13 @@ def render(results: dict, args) -> str:
              "experiment=distill_smollm2_tasks`)" if args.draft is None else f"`draft=small_lm draft.model={args.draft}`")
     command = (f"python benchmarks/bench_distilled.py --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
                f"--ks {' '.join(map(str, args.ks))} --min-confidences {' '.join(f'{t:g}' for t in args.min_confidences)}"
+               f" --quantize {' '.join(args.quantize)}"
                + ("" if args.draft is None else f" --draft {args.draft}"))
     lines = [
         f"# The distilled draft for the default target ({datetime.date.today().isoformat()})",
         "",
-        f"Machine: {machine()}, fp32. Target: SmolLM2-135M-Instruct (embedded); draft: {draft}. "
+        f"Machine: {machine()}, fp32 (int8 rows: the draft's linears hold int8 weights, draft.quantize=int8). "
+        f"Target: SmolLM2-135M-Instruct (embedded); draft: {draft}. "
         f"MT-bench, {args.prompts} prompts over its 8 categories, max_new_tokens={args.max_new_tokens}, batch 1. "
         f"Command: `{command}`.",
         "",

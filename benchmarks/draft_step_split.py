@@ -1,20 +1,23 @@
 """Where the distilled draft's cost c goes: one draft step in the engine vs the forward vs its weights.
 
-  python benchmarks/draft_step_split.py [--draft FOLDER] [--repeats 300] [--out FILE]
+  python benchmarks/draft_step_split.py [--draft FOLDER] [--quantize int8] [--repeats 300] [--out FILE]
 
-Medians of `--repeats` timings, each side measured back to back in this one process on the
+Medians of `--repeats` timings per row, the rows taking turns in this one process on the
 default target (fp32, batch 1, a 64-token cached context, one new token per step):
 - the target's forward for one new token (the AR step c is measured against);
 - the draft's propose + update for K = 1 right after a target forward, as in the engine's rounds
   (what the study's c counts: the target's 540 MB pass has evicted the draft's weights from the
   CPU caches), and the same in a tight loop of draft rounds (weights cache-warm);
 - the draft's forward alone for one new token through its ragged KV cache;
-- the draft's weight matmuls alone (every 2-D weight but the input embedding, one token):
-  the part of a step that streams the 11.8M parameters; the rest is per-call overhead.
+- the draft's linear layers alone (the LM head included, one token): the part of a step that
+  streams the 11.8M parameters; the rest is per-call overhead.
+With --quantize the draft rows are repeated for the draft with int8 weights (draft.quantize),
+timed in the same turns as the fp32 ones.
 """
 
 import argparse
 import datetime
+import statistics
 import time
 
 import torch
@@ -23,14 +26,15 @@ from common import machine
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.base import Context
+from specexp.drafts.quantize import Int8WeightLinear
 from specexp.drafts.small_lm import DISTILLED_DRAFT, SmallLMDrafter
 from specexp.models import load_embedded_target
 
 CONTEXT = 64
 
 
-def median_ms(fn, repeats: int, before=None) -> float:
-    """Median milliseconds of fn(); ``before`` runs untimed ahead of each call."""
+def timings_s(fn, repeats: int, before=None) -> list[float]:
+    """Seconds of each of `repeats` calls of fn(); ``before`` runs untimed ahead of each call."""
     times = []
     for _ in range(repeats):
         if before is not None:
@@ -38,7 +42,10 @@ def median_ms(fn, repeats: int, before=None) -> float:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return sorted(times)[repeats // 2] * 1e3
+    return times
+
+
+TURNS = 10  # rows take turns in blocks of repeats / TURNS: drift on the shared machine hits every row alike
 
 
 def one_token_forward(model: torch.nn.Module, draft_ids=lambda x: x):
@@ -54,11 +61,10 @@ def one_token_forward(model: torch.nn.Module, draft_ids=lambda x: x):
 
 
 def weight_matmuls(model: torch.nn.Module):
-    weights = [w for name, w in model.named_parameters() if w.dim() == 2 and "embed_tokens" not in name]
-    if model.config.tie_word_embeddings:  # the head is the embedding matrix
-        weights.append(model.get_input_embeddings().weight)
-    inputs = [torch.randn(1, w.shape[1]) for w in weights]
-    return lambda: [torch.nn.functional.linear(x, w) for x, w in zip(inputs, weights, strict=True)]
+    """Every linear layer of the model (the LM head included) on one token."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear | Int8WeightLinear)]
+    inputs = [torch.randn(1, m.in_features) for m in linears]
+    return lambda: [m(x) for m, x in zip(linears, inputs, strict=True)]
 
 
 def engine_round(drafter: SmallLMDrafter):
@@ -79,26 +85,33 @@ def engine_round(drafter: SmallLMDrafter):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--draft", default=str(DISTILLED_DRAFT))
+    parser.add_argument("--quantize", choices=["int8"], help="also time the draft with int8 weights")
     parser.add_argument("--repeats", type=int, default=300)
     parser.add_argument("--out", help="also write the table as markdown here")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
 
     target = load_embedded_target("float32", "cpu")
-    drafter = SmallLMDrafter(target, args.draft, k=1, dtype="float32", device="cpu")
-    draft = drafter.draft
-    to_draft = (lambda x: x) if draft.draft_vocab is None else draft.draft_vocab.to_draft
-    target_step, draft_round = one_token_forward(target.model), engine_round(drafter)
-    rows = {  # name -> (timed, run untimed before each call)
-        "target forward, 1 token (the AR step)": (target_step, None),
-        "draft propose + update, K = 1, after a target forward (the engine's draft step)": (draft_round, target_step),
-        "draft propose + update, K = 1, in a loop (weights cache-warm)": (draft_round, None),
-        "draft forward, 1 token, in a loop": (one_token_forward(draft.model, to_draft), None),
-        "draft weight matmuls alone, in a loop": (weight_matmuls(draft.model), None),
-    }
+    target_step = one_token_forward(target.model)
+    rows = {"target forward, 1 token (the AR step)": (target_step, None)}  # name -> (timed, run untimed before each call)
+    for what in ("fp32", args.quantize) if args.quantize else ("",):
+        drafter = SmallLMDrafter(target, args.draft, k=1, dtype="float32", device="cpu",
+                                 quantize=None if what in ("", "fp32") else what)
+        draft, draft_round, name = drafter.draft, engine_round(drafter), f"{what} draft".lstrip()
+        to_draft = (lambda x: x) if draft.draft_vocab is None else draft.draft_vocab.to_draft
+        rows |= {
+            f"{name} propose + update, K = 1, after a target forward (the engine's draft step)": (draft_round, target_step),
+            f"{name} propose + update, K = 1, in a loop (weights cache-warm)": (draft_round, None),
+            f"{name} forward, 1 token, in a loop": (one_token_forward(draft.model, to_draft), None),
+            f"{name} weight matmuls alone, in a loop": (weight_matmuls(draft.model), None),
+        }
     for fn, before in rows.values():  # warm-up
-        median_ms(fn, 10, before)
-    ms = {name: median_ms(fn, args.repeats, before) for name, (fn, before) in rows.items()}
+        timings_s(fn, 10, before)
+    times = {name: [] for name in rows}
+    for _ in range(TURNS):
+        for name, (fn, before) in rows.items():
+            times[name] += timings_s(fn, max(1, args.repeats // TURNS), before)
+    ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
     ar = next(iter(ms.values()))
     lines = ["| what | ms (median) | / AR step |", "|---|---|---|"]
     lines += [f"| {name} | {t:.2f} | {t / ar:.3f} |" for name, t in ms.items()]
@@ -109,6 +122,7 @@ def main() -> None:
         draft_name = "draft=distilled" if shipped else args.draft
         command = f"python benchmarks/draft_step_split.py --repeats {args.repeats}"
         command += "" if shipped else f" --draft {args.draft}"
+        command += f" --quantize {args.quantize}" if args.quantize else ""
         header = f"Where the draft's c goes ({datetime.date.today()}; {machine()}; {draft_name}):\n`{command}`\n\n"
         with open(args.out, "w") as f:
             f.write(header + table + "\n")

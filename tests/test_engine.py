@@ -50,6 +50,7 @@ def _drafters(kind: str, target, other, k: int, files: dict[str, str] | None = N
         "retrieval_confident": lambda: RetrievalDrafter(target, files["store"], k=k, min_confidence=0.5),
         "reduced_vocab": lambda: SmallLMDrafter(target, reduced_vocab_copy(other), k=k),
         "small_lm_confident": lambda: SmallLMDrafter(target, other, k=k, min_confidence=confidence_quantile(other)),
+        "small_lm_int8": lambda: SmallLMDrafter(target, other, k=k, quantize="int8"),
         "reduced_vocab_confident": lambda: confident_reduced_vocab_drafter(target, other, k),
         "early_exit_shared": lambda: early_exit_drafter(target, exit_layer=1, k=k, mode="shared"),
         "early_exit_naive": lambda: early_exit_drafter(target, exit_layer=1, k=k, mode="naive"),
@@ -64,7 +65,7 @@ def confident_reduced_vocab_drafter(target, other, k: int) -> SmallLMDrafter:
 
 ALL_KINDS = ["agree", "disagree", "random", "prompt_lookup", "prompt_lookup_frequent", "ngram_lm", "retrieval",
              "retrieval+context", "ngram_lm_confident", "retrieval_confident", "reduced_vocab", "small_lm_confident",
-             "reduced_vocab_confident", "early_exit_shared", "early_exit_naive", "early_exit_trained"]
+             "small_lm_int8", "reduced_vocab_confident", "early_exit_shared", "early_exit_naive", "early_exit_trained"]
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -139,7 +140,7 @@ def small_vocab_target(tmp_path_factory):
 @pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
 @pytest.mark.parametrize("kind", ["none", "disagree", "prompt_lookup", "ngram_lm", "ngram_lm_confident", "retrieval",
                                   "retrieval+context", "reduced_vocab", "small_lm_confident", "reduced_vocab_confident",
-                                  "early_exit_shared", "early_exit_naive", "early_exit_trained"])
+                                  "small_lm_int8", "early_exit_shared", "early_exit_naive", "early_exit_trained"])
 def test_sampled_first_two_tokens_follow_the_target(small_vocab_target, kind, sampling):
     """Thousands of rows of one prompt in one batch: the engine's first two tokens ~ the target's."""
     target, files = small_vocab_target

@@ -1,5 +1,6 @@
 """A small causal LM sharing the target's vocabulary, with its own ragged KV cache."""
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -8,6 +9,7 @@ from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.base import Context, Proposal, check_k, check_min_confidence
 from specexp.drafts.draft_vocab import DraftVocab, sample_draft
+from specexp.drafts.quantize import quantize_linears
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, first_layers, load_model
 from specexp.ngram.corpus import vocab_fingerprint
@@ -59,19 +61,22 @@ class SmallLMDrafter:
     draft length adapts before verification, so exactness is untouched, and a round whose first
     token is doubtful costs one target token instead of two.
 
+    ``quantize="int8"`` runs the draft with int8 weights (CPU; `drafts/quantize.py`): a cheaper
+    draft step, still exact.
+
     Cache invariant between rounds: the draft cache holds a prefix of each row's committed
     tokens; the rest (1 or 2 tokens) is fed at the start of the next propose.
     """
 
     def __init__(self, target: LoadedModel, model: str | LoadedModel, k: int = 4, dtype: str = "auto",
-                 device: str | None = None, min_confidence: float = 0.0):
+                 device: str | None = None, min_confidence: float = 0.0, quantize: str | None = None):
         check_k(k)
         check_min_confidence(min_confidence)
         self.k, self.min_confidence = k, min_confidence
         if isinstance(model, str):
             model = load_model(model, dtype=dtype, device=device or str(target.model.device))
         check_same_vocabulary(model, target)
-        self.draft = model
+        self.draft = dataclasses.replace(model, model=quantize_linears(model.model, quantize))
         self.vocab_size = target.vocab_size
         self.draft_vocab: DraftVocab | None = model.draft_vocab
         self.kv: RaggedKV | None = None
@@ -132,18 +137,20 @@ class SmallLMDrafter:
         self.kv.drop_last(self.n_fed - n_accepted.clamp(max=self.n_fed))
 
 
-def target_prefix_drafter(target: LoadedModel, n_layers: int = 4, k: int = 4, min_confidence: float = 0.0) -> SmallLMDrafter:
+def target_prefix_drafter(target: LoadedModel, n_layers: int = 4, k: int = 4, min_confidence: float = 0.0,
+                          quantize: str | None = None) -> SmallLMDrafter:
     """A small_lm draft that needs no download: a copy of the target's first n layers + its head."""
-    return SmallLMDrafter(target, first_layers(target, n_layers), k=k, min_confidence=min_confidence)
+    return SmallLMDrafter(target, first_layers(target, n_layers), k=k, min_confidence=min_confidence, quantize=quantize)
 
 
 DISTILLED_DRAFT = Path(__file__).resolve().parent.parent / "assets" / "distilled-smollm2-135m"
 
 
 def distilled_drafter(target: LoadedModel, k: int = 1, dtype: str = "float32", device: str | None = None,
-                      min_confidence: float = 0.0) -> SmallLMDrafter:
+                      min_confidence: float = 0.0, quantize: str | None = None) -> SmallLMDrafter:
     """The draft distilled for the embedded default target that ships with specexp
     (`python -m specexp.distill experiment=distill_smollm2_tasks` reproduces it)."""
     if not (DISTILLED_DRAFT / "config.json").is_file():
         raise UserInputError(f"the shipped distilled draft is missing from {DISTILLED_DRAFT}; reinstall specexp")
-    return SmallLMDrafter(target, str(DISTILLED_DRAFT), k=k, dtype=dtype, device=device, min_confidence=min_confidence)
+    return SmallLMDrafter(target, str(DISTILLED_DRAFT), k=k, dtype=dtype, device=device, min_confidence=min_confidence,
+                          quantize=quantize)
