@@ -9,10 +9,12 @@ default target (fp32, batch 1, a 64-token cached context, one new token per step
   (what the study's c counts: the target's 540 MB pass has evicted the draft's weights from the
   CPU caches), and the same in a tight loop of draft rounds (weights cache-warm);
 - the draft's forward alone for one new token through its ragged KV cache;
+- all of these for the draft run through HF's ``LlamaForCausalLM.__call__`` (how drafts ran before
+  `drafts/lean_llama.py`) and through the lean forward small_lm drafts use now;
 - the draft's linear layers alone (the LM head included, one token): the part of a step that
   streams the 11.8M parameters; the rest is per-call overhead.
-With --quantize the draft rows are repeated for the draft with int8 weights (draft.quantize),
-timed in the same turns as the fp32 ones.
+With --quantize the draft rows are repeated for the draft with int8 weights (draft.quantize).
+All rows are timed in the same turns.
 """
 
 import argparse
@@ -48,7 +50,7 @@ def timings_s(fn, repeats: int, before=None) -> list[float]:
 TURNS = 10  # rows take turns in blocks of repeats / TURNS: drift on the shared machine hits every row alike
 
 
-def one_token_forward(model: torch.nn.Module, draft_ids=lambda x: x):
+def one_token_forward(model, draft_ids=lambda x: x):
     """A closure: append one token to a CONTEXT-token cache, then drop it again."""
     kv = RaggedKV.empty(model, 1, torch.device("cpu"))
     kv.forward(model, draft_ids(torch.ones(1, CONTEXT, dtype=torch.long)), torch.ones(1, CONTEXT, dtype=torch.long))
@@ -94,17 +96,21 @@ def main() -> None:
     target = load_embedded_target("float32", "cpu")
     target_step = one_token_forward(target.model)
     rows = {"target forward, 1 token (the AR step)": (target_step, None)}  # name -> (timed, run untimed before each call)
-    for what in ("fp32", args.quantize) if args.quantize else ("",):
-        drafter = SmallLMDrafter(target, args.draft, k=1, dtype="float32", device="cpu",
-                                 quantize=None if what in ("", "fp32") else what)
-        draft, draft_round, name = drafter.draft, engine_round(drafter), f"{what} draft".lstrip()
-        to_draft = (lambda x: x) if draft.draft_vocab is None else draft.draft_vocab.to_draft
+    variants = {"fp32 draft, HF forward": (None, True), "fp32 draft": (None, False)}  # name -> (quantize, HF's forward)
+    variants |= {f"{args.quantize} draft": (args.quantize, False)} if args.quantize else {}
+    for name, (quantize, hf_forward) in variants.items():
+        drafter = SmallLMDrafter(target, args.draft, k=1, dtype="float32", device="cpu", quantize=quantize)
+        if hf_forward:  # what drafts ran before the lean forward (LlamaForCausalLM.__call__)
+            drafter.forward_model = drafter.draft.model
+        to_draft = (lambda x: x) if drafter.draft_vocab is None else drafter.draft_vocab.to_draft
+        draft_round = engine_round(drafter)  # one closure: each engine_round resets the drafter's cache
         rows |= {
-            f"{name} propose + update, K = 1, after a target forward (the engine's draft step)": (draft_round, target_step),
-            f"{name} propose + update, K = 1, in a loop (weights cache-warm)": (draft_round, None),
-            f"{name} forward, 1 token, in a loop": (one_token_forward(draft.model, to_draft), None),
-            f"{name} weight matmuls alone, in a loop": (weight_matmuls(draft.model), None),
+            f"{name}: propose + update, K = 1, after a target forward (the engine's draft step)": (draft_round, target_step),
+            f"{name}: propose + update, K = 1, in a loop (weights cache-warm)": (draft_round, None),
+            f"{name}: forward, 1 token, in a loop": (one_token_forward(drafter.forward_model, to_draft), None),
         }
+        if not hf_forward:
+            rows[f"{name}: linear layers alone, in a loop"] = (weight_matmuls(drafter.draft.model), None)
     for fn, before in rows.values():  # warm-up
         timings_s(fn, 10, before)
     times = {name: [] for name in rows}

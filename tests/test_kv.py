@@ -1,13 +1,18 @@
 """The ragged KV cache: after any sequence of appends and rewinds, logits match a fresh forward."""
 
+import pytest
 import torch
 
 from specexp.core.kv import RaggedKV
+from specexp.drafts.lean_llama import LeanLlama
 
 
-def test_rewound_cache_gives_fresh_forward_logits(target):
+@pytest.mark.parametrize("forward", ["hf", "lean"])
+def test_rewound_cache_gives_fresh_forward_logits(target, forward):
+    """Through HF's forward or the drafts' lean one (tested against HF's on each row alone)."""
     g = torch.Generator().manual_seed(0)
-    model, V = target.model, target.vocab_size
+    V = target.vocab_size
+    model = target.model if forward == "hf" else LeanLlama(target.model)
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
     P = max(map(len, prompts))
     ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
@@ -30,7 +35,7 @@ def test_rewound_cache_gives_fresh_forward_logits(target):
             cached = kv.forward(model, probe)[:, -1]
             kv.drop_last(torch.ones(3, dtype=torch.long))
             for b in range(3):
-                fresh = model(torch.tensor([committed[b] + probe[b].tolist()])).logits[0, -1]
+                fresh = target.model(torch.tensor([committed[b] + probe[b].tolist()])).logits[0, -1]
                 torch.testing.assert_close(cached[b], fresh, rtol=1e-9, atol=1e-9)
     # Slots no row uses are cropped: the cache never holds more than the longest row + holes.
     assert kv.mask.shape[1] == kv.cache.get_seq_length()

@@ -9,6 +9,7 @@ from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.base import Context, Proposal, check_k, check_min_confidence
 from specexp.drafts.draft_vocab import DraftVocab, sample_draft
+from specexp.drafts.lean_llama import LeanLlama, supports_lean_forward
 from specexp.drafts.quantize import quantize_linears
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, first_layers, load_model
@@ -77,6 +78,8 @@ class SmallLMDrafter:
             model = load_model(model, dtype=dtype, device=device or str(target.model.device))
         check_same_vocabulary(model, target)
         self.draft = dataclasses.replace(model, model=quantize_linears(model.model, quantize))
+        # The draft's step is its whole cost c: a Llama draft skips HF's per-call plumbing (same weights, same cache).
+        self.forward_model = LeanLlama(self.draft.model) if supports_lean_forward(self.draft.model) else self.draft.model
         self.vocab_size = target.vocab_size
         self.draft_vocab: DraftVocab | None = model.draft_vocab
         self.kv: RaggedKV | None = None
@@ -88,7 +91,7 @@ class SmallLMDrafter:
         self.kv = RaggedKV.empty(self.draft.model, B, ctx.tokens.device)
         if P > 1:
             prompt_mask = torch.arange(P - 1, device=ctx.tokens.device)[None, :] >= ctx.start[:, None]
-            self.kv.forward(self.draft.model, self._draft_ids(ctx.tokens[:, : P - 1]), prompt_mask.long())
+            self.kv.forward(self.forward_model, self._draft_ids(ctx.tokens[:, : P - 1]), prompt_mask.long())
 
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         return tokens if self.draft_vocab is None else self.draft_vocab.to_draft(tokens)
@@ -96,7 +99,7 @@ class SmallLMDrafter:
     def _step(self, input_ids: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[torch.Tensor, ...]:
         """Target ids [B, T] in -> the next token [B] (target id), its q [B, V] and whether the
         draft is confident enough to propose it [B]."""
-        logits = self.kv.forward(self.draft.model, self._draft_ids(input_ids), logits_to_keep=1)[:, -1]  # [B, V_d]
+        logits = self.kv.forward(self.forward_model, self._draft_ids(input_ids), logits_to_keep=1)[:, -1]  # [B, V_d]
         if self.draft_vocab is None:
             logits = align_vocab(logits, self.vocab_size)  # [B, V]
         x, q = sample_draft(logits, self.draft_vocab, sampling, generator)
