@@ -1,6 +1,7 @@
 """How well draft exports predict the default target on MT-bench, without timing anything.
 
-  python benchmarks/teacher_forced.py FOLDER [FOLDER ...] [--prompts 16] [--max-new-tokens 64] [--prompt-set self] [--out FILE]
+  python benchmarks/teacher_forced.py FOLDER [FOLDER ...] [--prompts 16] [--max-new-tokens 64] [--prompt-set self]
+      [--quantize int8] [--out FILE]
 
 The target first writes its greedy answers to the first MT-bench turns (or, with --prompt-set self,
 to user turns it writes itself like the distillation corpus's, from generator seeds the corpus
@@ -13,10 +14,12 @@ target's:
   token when both sample at T = 0.7.
 - coverage: answer tokens inside the draft's vocabulary (a reduced-vocabulary draft can never
   propose the others).
+With --quantize each draft is also scored with int8 weights (draft.quantize).
 A cheap proxy (a minute per draft on 2 CPU cores) to rank candidates before bench_distilled.py times them.
 """
 
 import argparse
+import dataclasses
 import datetime
 
 import pandas as pd
@@ -26,6 +29,7 @@ from common import decode_ours, machine
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.data import encode_prompts, mt_bench
 from specexp.distill.data import self_written_prompts
+from specexp.drafts.quantize import quantize_linears
 from specexp.models import LoadedModel, load_embedded_target, load_model
 from specexp.report import markdown_table
 
@@ -66,6 +70,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prompt-set", choices=["mt_bench", "self"], default="mt_bench")
+    parser.add_argument("--quantize", choices=["int8"], help="also score each draft with int8 weights")
     parser.add_argument("--out", help="also write the table as markdown here")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -77,14 +82,20 @@ def main() -> None:
         prompts = mt_bench(limit=args.prompts, seed=args.seed)
     encoded = encode_prompts(target.tokenizer, prompts)
     answers = target_answers(target, encoded, args.max_new_tokens)
-    rows = [{"draft": folder} | agreement(target, load_model(folder, dtype="float32", device="cpu"), encoded, answers)
-            for folder in args.drafts]
+    rows = []
+    for folder in args.drafts:
+        draft = load_model(folder, dtype="float32", device="cpu")
+        rows.append({"draft": folder, "weights": "fp32"} | agreement(target, draft, encoded, answers))
+        if args.quantize:
+            draft = dataclasses.replace(draft, model=quantize_linears(draft.model, args.quantize))
+            rows.append({"draft": folder, "weights": args.quantize} | agreement(target, draft, encoded, answers))
     table = markdown_table(pd.DataFrame(rows), digits=3)
     print(table)
     if args.out:
         header = (f"Teacher-forced agreement with the default target ({datetime.date.today()}; {machine()}):\n"
                   f"`python benchmarks/teacher_forced.py {' '.join(args.drafts)} --prompts {args.prompts} "
-                  f"--max-new-tokens {args.max_new_tokens} --prompt-set {args.prompt_set}`\n\n")
+                  f"--max-new-tokens {args.max_new_tokens} --prompt-set {args.prompt_set}"
+                  + (f" --quantize {args.quantize}" if args.quantize else "") + "`\n\n")
         with open(args.out, "w") as f:
             f.write(header + table)
 
