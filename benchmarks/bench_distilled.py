@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--draft", type=Path, default=None,
                         help="a draft folder (python -m specexp.distill ... export_dir=FOLDER); default: the shipped one")
     parser.add_argument("--work", type=Path, default=Path("outputs/bench_distilled"))
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("distilled.md"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("distilled_int8.md"))
     args = parser.parse_args()
     torch.set_grad_enabled(False)
 

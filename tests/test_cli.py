@@ -74,7 +74,7 @@ BAD_INPUTS = {
     "min_confidence_out_of_range": (["draft=distilled", "draft.min_confidence=1.5"],
                                     "draft.min_confidence=1.5 is outside [0, 1)"),
     "quantize_unknown": (["draft=distilled", "draft.quantize=int4"],
-                         "draft.quantize=int4 is not allowed; use null or one of int8"),
+                         "draft.quantize=int4 is not allowed; use null or one of int8, auto"),
     "missing_exit_head": (["draft=early_exit", "draft.head=/no/such/head"], "exit head '/no/such/head' does not exist"),
 }
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from specexp.drafts.quantize import Int8WeightLinear, check_quantize, int8_per_channel, quantize_linears
+from specexp.drafts.quantize import Int8WeightLinear, int8_per_channel, quantize_linears, resolve_quantize
 from specexp.errors import UserInputError
 from tests.conftest import tiny_model
 
@@ -52,9 +52,11 @@ def test_quantized_draft_predicts_like_the_original():
     assert float((full.argmax(-1) == int8.argmax(-1)).double().mean()) >= 0.9
 
 
-def test_bad_schemes_and_devices_are_one_line_errors():
-    with pytest.raises(UserInputError, match="draft.quantize=int4 is not allowed; use null or one of int8"):
-        check_quantize("int4", torch.device("cpu"))
+def test_auto_is_int8_on_a_cpu_only_and_bad_schemes_are_one_line_errors():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_quantize("auto", cpu) == "int8" and resolve_quantize("auto", cuda) is None
+    assert resolve_quantize(None, cuda) is None and resolve_quantize("int8", cpu) == "int8"
+    with pytest.raises(UserInputError, match="draft.quantize=int4 is not allowed; use null or one of int8, auto"):
+        resolve_quantize("int4", cpu)
     with pytest.raises(UserInputError, match="runs on a CPU kernel only; the draft is on cuda"):
-        check_quantize("int8", torch.device("cuda"))
-    check_quantize(None, torch.device("cuda"))
+        resolve_quantize("int8", cuda)

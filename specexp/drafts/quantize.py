@@ -20,15 +20,19 @@ from torch import nn
 
 from specexp.errors import UserInputError
 
-QUANTIZE_SCHEMES = ("int8",)  # null = the draft's own dtype
+QUANTIZE_SCHEMES = ("int8", "auto")  # null = the draft's own weights; auto = int8 on a CPU, null elsewhere
 KERNEL_K_MULTIPLE = 16  # the kernel needs in_features % 16 == 0 (others give NaN or crash); other layers stay as they are
 
 
-def check_quantize(scheme: str | None, device: torch.device) -> None:
+def resolve_quantize(scheme: str | None, device: torch.device) -> str | None:
+    """The scheme a draft on ``device`` runs with (auto -> int8 on a CPU, else None)."""
     if scheme is not None and scheme not in QUANTIZE_SCHEMES:
         raise UserInputError(f"draft.quantize={scheme} is not allowed; use null or one of {', '.join(QUANTIZE_SCHEMES)}")
+    if scheme == "auto":
+        return "int8" if device.type == "cpu" else None
     if scheme is not None and device.type != "cpu":
         raise UserInputError(f"draft.quantize={scheme} runs on a CPU kernel only; the draft is on {device}")
+    return scheme
 
 
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,9 +64,8 @@ def quantizable(module: nn.Module) -> bool:
 
 def quantize_linears(model: nn.Module, scheme: str | None) -> nn.Module:
     """A copy of ``model`` whose bias-free nn.Linear layers (the LM head included) hold int8
-    weights; ``model`` itself when scheme is None. Embeddings stay as they are (a step reads one row)."""
-    check_quantize(scheme, next(model.parameters()).device)
-    if scheme is None:
+    weights; ``model`` itself when the scheme resolves to None. Embeddings stay as they are (a step reads one row)."""
+    if resolve_quantize(scheme, next(model.parameters()).device) is None:
         return model
     model = copy.deepcopy(model)  # never touch a model shared with the target (a tied head, draft=target)
     for parent in list(model.modules()):

@@ -150,7 +150,7 @@ DISTILLED_DRAFT = Path(__file__).resolve().parent.parent / "assets" / "distilled
 
 
 def distilled_drafter(target: LoadedModel, k: int = 1, dtype: str = "float32", device: str | None = None,
-                      min_confidence: float = 0.0, quantize: str | None = None) -> SmallLMDrafter:
+                      min_confidence: float = 0.0, quantize: str | None = "auto") -> SmallLMDrafter:
     """The draft distilled for the embedded default target that ships with specexp
     (`python -m specexp.distill experiment=distill_smollm2_tasks` reproduces it)."""
     if not (DISTILLED_DRAFT / "config.json").is_file():
