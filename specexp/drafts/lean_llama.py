@@ -1,14 +1,14 @@
 """A lean forward pass for small Llama drafts: the model's own modules, without HF's per-call plumbing.
 
-A 2-layer draft at batch 1 spends about as long in ``LlamaForCausalLM.__call__``'s plumbing (4-D
-mask construction, kwargs routing through decorated modules, output records) as in its matmuls
-(benchmarks/draft_step_split.md). This pass calls the same weights (the embedding, each layer's
+For a 2-layer draft at batch 1, ``LlamaForCausalLM.__call__``'s plumbing (4-D mask construction,
+kwargs routing through decorated modules, output records) costs 0.4-0.6 ms of a ~4 ms draft
+step, a tenth of c (benchmarks/draft_step_split.md). This pass calls the same weights (the embedding, each layer's
 norms, projections and MLP, the rotary embedding, the final norm and head: whatever modules
 they are, int8 ones included) and the same cache (``cache.update``, so RaggedKV's crop and masks
 work unchanged), and does the attention itself with one SDPA call per layer.
 
 Only plain Llama configs take it (`supports_lean_forward`); everything else keeps HF's forward.
-tests/test_lean_llama.py checks the logits against HF's on ragged, left-padded batches.
+tests/test_kv.py checks its logits against HF's through ragged rewinds of a left-padded batch.
 """
 
 from types import SimpleNamespace
@@ -45,7 +45,7 @@ class LeanLlama:
     """Callable like the model for RaggedKV: ``(input_ids, attention_mask, position_ids, cache, ...) -> .logits``."""
 
     def __init__(self, model: PreTrainedModel):
-        self.model, self.config = model, model.config
+        self.config = model.config  # RaggedKV sizes its cache from it
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
 
