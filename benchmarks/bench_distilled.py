@@ -96,7 +96,7 @@ def render(results: dict, args) -> str:
              "experiment=distill_smollm2_tasks`)" if args.draft is None else f"`draft=small_lm draft.model={args.draft}`")
     command = (f"python benchmarks/bench_distilled.py --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
                f"--ks {' '.join(map(str, args.ks))} --min-confidences {' '.join(f'{t:g}' for t in args.min_confidences)}"
-               f" --quantize {' '.join(args.quantize)}"
+               f" --quantize {' '.join(args.quantize)}" + (f" --seed {args.seed}" if args.seed else "")
                + ("" if args.draft is None else f" --draft {args.draft}"))
     lines = [
         f"# The distilled draft for the default target ({datetime.date.today().isoformat()})",
