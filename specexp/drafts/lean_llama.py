@@ -2,10 +2,11 @@
 
 For a 2-layer draft at batch 1, ``LlamaForCausalLM.__call__``'s plumbing (4-D mask construction,
 kwargs routing through decorated modules, output records) costs 0.4-0.6 ms of a ~4 ms draft
-step, a tenth of c (benchmarks/draft_step_split.md). This pass calls the same weights (the embedding, each layer's
-norms, projections and MLP, the rotary embedding, the final norm and head: whatever modules
-they are, int8 ones included) and the same cache (``cache.update``, so RaggedKV's crop and masks
-work unchanged), and does the attention itself with one SDPA call per layer.
+step, a tenth of c (benchmarks/draft_step_split.md). This pass calls the same modules
+(`core/layers.decoder_parts`: the embedding, each layer's norms, projections and MLP, the rotary
+embedding, the final norm and head, whatever they are, int8 ones included) and the same cache
+(``cache.update``, so RaggedKV's crop and masks work unchanged), and does the attention itself
+with one SDPA call per layer.
 
 Only plain Llama configs take it (`supports_lean_forward`); everything else keeps HF's forward.
 tests/test_kv.py checks its logits against HF's through ragged rewinds of a left-padded batch.
@@ -16,6 +17,8 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from transformers import Cache, PreTrainedModel
+
+from specexp.core.layers import decoder_parts, final_logits
 
 
 def supports_lean_forward(model: PreTrainedModel) -> bool:
@@ -46,12 +49,11 @@ class LeanLlama:
 
     def __init__(self, model: PreTrainedModel):
         self.config = model.config  # RaggedKV sizes its cache from it
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
+        self.parts = decoder_parts(model)
 
     def attention(self, layer_idx: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   mask: torch.Tensor, cache: Cache) -> torch.Tensor:
-        attn = self.decoder.layers[layer_idx].self_attn
+        attn = self.parts.layers[layer_idx].self_attn
         B, T, _ = x.shape
         q = attn.q_proj(x).view(B, T, -1, attn.head_dim).transpose(1, 2)  # [B, H, T, hd]
         k = attn.k_proj(x).view(B, T, -1, attn.head_dim).transpose(1, 2)  # [B, H_kv, T, hd]
@@ -64,12 +66,11 @@ class LeanLlama:
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                  cache: Cache, logits_to_keep: int = 1, **_) -> SimpleNamespace:
-        hidden = self.decoder.embed_tokens(input_ids)  # [B, T, H]
-        cos, sin = self.decoder.rotary_emb(hidden, position_ids=position_ids)  # [B, T, hd]
+        hidden = self.parts.embed_tokens(input_ids)  # [B, T, H]
+        cos, sin = self.parts.rotary_emb(hidden, position_ids=position_ids)  # [B, T, hd]
         cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
         mask = attention_mask_4d(attention_mask, input_ids.shape[1])
-        for i, layer in enumerate(self.decoder.layers):
+        for i, layer in enumerate(self.parts.layers):
             hidden = hidden + self.attention(i, layer.input_layernorm(hidden), cos, sin, mask, cache)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        hidden = self.decoder.norm(hidden[:, -logits_to_keep:])
-        return SimpleNamespace(logits=self.lm_head(hidden))  # [B, logits_to_keep, V]
+        return SimpleNamespace(logits=final_logits(self.parts, hidden[:, -logits_to_keep:]))  # [B, logits_to_keep, V]
