@@ -20,7 +20,7 @@ from common import machine
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specexp.core.kv import RaggedKV
-from specexp.data import question_jsonl
+from specexp.data import SPEC_BENCH_FILE, question_jsonl
 from specexp.drafts.context_index import ContextIndex
 from specexp.models import load_embedded_target
 
@@ -39,7 +39,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--spec-bench", default="../shared/data/spec_bench/question.jsonl")
+    parser.add_argument("--spec-bench", default=str(SPEC_BENCH_FILE),
+                        help="a Spec-Bench question.jsonl (default: the copy in the package)")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("lookup.md"))
     args = parser.parse_args()
     torch.set_grad_enabled(False)

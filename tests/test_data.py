@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from specexp.data import Prompt, _subset, mt_bench, prompts_from_dataset, question_jsonl
+from specexp.data import Prompt, _subset, mt_bench, prompts_from_dataset, question_jsonl, spec_bench
 from specexp.errors import UserInputError
 from specexp.study import make_batches
 
@@ -38,6 +38,17 @@ def test_spec_bench_question_file_keeps_categories(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     prompts = question_jsonl(str(path))
     assert [(p.id, p.text, p.category) for p in prompts] == [("0", "q0", "rag"), ("1", "q1", "qa"), ("2", "q2", "rag")]
+
+
+def test_spec_bench_ships_in_the_package_and_a_path_overrides_it(tmp_path):
+    prompts = spec_bench()
+    assert len(prompts) == 480 and len({p.id for p in prompts}) == 480
+    counts = {c: sum(p.category == c for p in prompts) for c in {p.category for p in prompts}}
+    assert all(counts[c] == 80 for c in ("translation", "summarization", "qa", "math_reasoning", "rag"))
+    assert sum(counts.values()) - 5 * 80 == 80  # MT-bench's questions, in their 8 categories
+    other = tmp_path / "question.jsonl"
+    other.write_text(json.dumps({"question_id": 7, "category": "qa", "turns": ["why?"]}) + "\n")
+    assert [(p.id, p.text) for p in spec_bench(str(other))] == [("7", "why?")]
 
 
 def test_bad_column_and_missing_file_are_clear(tmp_path):
