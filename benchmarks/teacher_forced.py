@@ -28,9 +28,9 @@ from common import decode_ours, machine
 
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.data import encode_prompts, mt_bench
-from specexp.distill.data import self_written_prompts
 from specexp.drafts.quantize import quantize_linears
 from specexp.models import LoadedModel, load_embedded_target, load_model
+from specexp.ngram.corpus import self_written_prompts
 from specexp.report import markdown_table
 
 T07 = SamplingConfig(temperature=0.7)

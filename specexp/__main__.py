@@ -11,7 +11,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from specexp.errors import UserInputError
 from specexp.report import print_summary
@@ -58,6 +58,21 @@ def unknown_choice(args: list[str], config_dir: str = CONFIG_DIR) -> str | None:
     return None
 
 
+def missing_value(cfg: DictConfig, choices: dict, config_dir: str = CONFIG_DIR) -> str | None:
+    """One-line error for a required value (``???``) left unset, naming the key, the option that
+    needs it and what it takes (the comment on its line in that option's file)."""
+    for key in sorted(OmegaConf.missing_keys(cfg)):
+        group, _, name = key.partition(".")
+        option = choices.get(group)
+        line = ""
+        if option is not None and (path := Path(config_dir) / group / f"{option}.yaml").is_file():
+            line = next((ln for ln in path.read_text().splitlines() if ln.startswith(f"{name}:")), "")
+        takes = line.partition("#")[2].strip()
+        needed_by = f" by {group}={option}" if option else ""
+        return f"{key} is required{needed_by} and has no value; give {key}=VALUE" + (f" ({takes})" if takes else "")
+    return None
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
@@ -69,6 +84,8 @@ def main(cfg: DictConfig) -> float | None:
         print(f"[skip] {label}: finished earlier with this config (force=true reruns it)")
         return done["speedup"]
     try:
+        if (message := missing_value(cfg, hydra_cfg.runtime.choices)) is not None:
+            raise UserInputError(message)
         summary = run_job(cfg, results)
     except Exception as exc:
         error = _user_error(exc)

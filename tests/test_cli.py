@@ -17,8 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 GROUP_OPTIONS = {group: sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
                  for group in ("target", "draft", "data", "sampling")}
 REQUIRED = {"target=hf": ["target.name_or_path=org/name"], "draft=small_lm": ["draft.model=org/name"],
-            "data=hf": ["data.name_or_path=prompts.jsonl"], "draft=ngram_lm": ["draft.path=lm.npz"],
-            "draft=retrieval": ["draft.path=store.npz"]}
+            "data=hf": ["data.name_or_path=prompts.jsonl"]}
 
 
 def run_cli(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:

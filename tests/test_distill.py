@@ -15,20 +15,14 @@ from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.distill.__main__ import export_student
 from specexp.distill.collect import collect, markdown
-from specexp.distill.data import (
-    DistillDataModule,
-    corpus_documents,
-    documents_from_blocks,
-    self_written_prompts,
-    token_blocks,
-    with_teacher_top_k,
-)
+from specexp.distill.data import DistillDataModule, documents_from_blocks, token_blocks, with_teacher_top_k
 from specexp.distill.module import DistillModule, is_on_policy_step
 from specexp.distill.student import build_student, student_from_target
 from specexp.drafts.draft_vocab import DraftVocab, frequent_tokens
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import load_model
+from specexp.ngram.corpus import corpus_documents, self_written_prompts
 from tests.conftest import EOS, tiny_model
 
 REPO = Path(__file__).resolve().parent.parent

@@ -67,9 +67,9 @@ def test_save_load_round_trip(tmp_path):
 def test_bad_inputs():
     with pytest.raises(UserInputError, match="empty"):
         KneserNeyLM.build(np.array([], dtype=np.int64), 3, 8, "fp")
-    with pytest.raises(UserInputError, match="order 9 is outside 1..8"):
+    with pytest.raises(UserInputError, match="order 9 is not allowed; it must be in 1..8"):
         KneserNeyLM.build(np.array([1, 2]), 9, 8, "fp")
-    with pytest.raises(UserInputError, match="order 0 is outside"):
+    with pytest.raises(UserInputError, match="order 0 is not allowed; it must be in 1..8"):
         KneserNeyLM.build(np.array([1, 2]), 0, 8, "fp")
     with pytest.raises(UserInputError, match="token ids must lie in 0..7"):
         KneserNeyLM.build(np.array([1, 9]), 2, 8, "fp")

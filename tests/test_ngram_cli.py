@@ -51,7 +51,7 @@ def test_build_then_decode_with_each_ngram_draft(tmp_path):
 @pytest.mark.default_target
 @pytest.mark.parametrize("args, message", [
     (["lm", "--out", "x.npz", "--text", "{empty}"], "corpus is empty"),
-    (["lm", "--out", "x.npz", "--text", "{corpus}", "--order", "12"], "order 12 is outside 1..8"),
+    (["lm", "--out", "x.npz", "--text", "{corpus}", "--order", "12"], "order 12 is not allowed; it must be in 1..8"),
     (["datastore", "--out", "x.npz"], "no corpus given"),
 ])
 def test_build_errors_are_one_line(tmp_path, args, message):

@@ -1,14 +1,11 @@
 """Distillation data: a corpus of token blocks in a `datasets.Dataset` (cached on disk), optional
 teacher top-k log-probs per position, and the LightningDataModule that serves them.
 
-Corpus sources, mixable: text data sets (HF names, local files), and the target's own answers
-on a prompt set. The offline default is `prompts: self`: the target also writes the user turns
-(sampled from the start of a user turn of its chat template), so nothing overlaps the
-evaluation prompt sets.
+The corpus is specexp.ngram.corpus.corpus_documents (text data sets and/or the target's own
+answers); the offline default is `prompts: self`, so nothing overlaps the evaluation prompt sets.
 """
 
 import hashlib
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -19,76 +16,12 @@ import numpy as np
 import torch
 from filelock import FileLock
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
-from specexp.core.engine import generate
-from specexp.core.sampling import SamplingConfig
-from specexp.data import Prompt, mt_bench, prompts_from_dataset
 from specexp.distill.objectives import top_k_targets, warped_log_probs
 from specexp.drafts.draft_vocab import DraftVocab
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root
-from specexp.ngram.corpus import generated_documents, join_documents, text_documents, vocab_fingerprint
-
-USER_SLOT = "\x00user-turn\x00"  # a placeholder located in the rendered chat template
-
-
-def user_turn_prefix(tokenizer) -> list[int]:
-    """Token ids of the chat template up to where a user's words begin (system prompt included)."""
-    if not tokenizer.chat_template:
-        raise UserInputError("data.corpus.prompts=self needs a target with a chat template; give a prompt set instead")
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": USER_SLOT}], tokenize=False)
-    return tokenizer(rendered.split(USER_SLOT)[0], add_special_tokens=False)["input_ids"]
-
-
-def self_written_prompts(target: LoadedModel, n: int, max_tokens: int = 64, temperature: float = 1.0,
-                         batch_size: int = 16, seed: int = 0, openers: list[str] | None = None) -> list[Prompt]:
-    """n user turns written by the target itself, sampled from the start of a user turn.
-
-    openers: words the turns start with, one after another (e.g. "Write", "Solve"), to spread the
-    turns over kinds of task; the target writes the rest. None: it starts them freely.
-    """
-    prefix = user_turn_prefix(target.tokenizer)
-    heads = [target.tokenizer(o, add_special_tokens=False)["input_ids"] for o in openers or []] or [[]]
-    prompts = []
-    for start in tqdm(range(0, n, batch_size), desc="target writes user turns", unit="batch"):
-        rows = [heads[(start + i) % len(heads)] for i in range(min(batch_size, n - start))]
-        generator = torch.Generator(device=target.model.device).manual_seed(seed + start)
-        out = generate(target.model, [prefix + head for head in rows], None, SamplingConfig(temperature=temperature),
-                       max_tokens, target.eos_token_ids, generator, target.pad_token_id)
-        for i, (head, tokens) in enumerate(zip(rows, out.tokens, strict=True)):
-            words = head + [t for t in tokens if t not in target.eos_token_ids]
-            text = target.tokenizer.decode(words, skip_special_tokens=True)
-            if text.strip():
-                prompts.append(Prompt(id=f"self-{start + i}", text=text.strip()))
-    return prompts
-
-
-def corpus_documents(target: LoadedModel, text: list[str] | None = None, text_column: str = "text",
-                     prompts: str | None = None, prompt_limit: int | None = None, prompt_tokens: int = 64,
-                     generation_tokens: int = 128, temperature: float = 0.7, batch_size: int = 16,
-                     seed: int = 0, openers: list[str] | None = None) -> list[list[int]]:
-    """Token documents from text data sets and/or the target's answers on a prompt set.
-
-    prompts: 'self' (the target writes them, starting with `openers` if given), 'mt_bench', any
-    prompt data set, or None.
-    """
-    if openers and prompts != "self":
-        raise UserInputError(f"data.corpus.openers apply to prompts=self only (the target writing the user turns); "
-                             f"got prompts={prompts!r}")
-    documents = []
-    for source in text or []:
-        documents += text_documents(target, source, text_column)
-    if prompts == "self":
-        prompt_set = self_written_prompts(target, prompt_limit or 64, prompt_tokens, 1.0, batch_size, seed, openers)
-    elif prompts == "mt_bench":
-        prompt_set = mt_bench(limit=prompt_limit, seed=seed)
-    elif prompts:
-        prompt_set = prompts_from_dataset(prompts, text_column="turns", limit=prompt_limit, seed=seed)
-    if prompts:
-        documents += generated_documents(target, prompt_set, generation_tokens, SamplingConfig(temperature=temperature),
-                                         batch_size=batch_size, seed=seed)
-    return documents
+from specexp.ngram.corpus import cache_key, corpus_documents, join_documents, vocab_fingerprint
 
 
 def token_blocks(documents: list[list[int]], separator: int, block_size: int) -> datasets.Dataset:
@@ -102,10 +35,6 @@ def token_blocks(documents: list[list[int]], separator: int, block_size: int) ->
         )
     blocks = stream[: n_blocks * block_size].reshape(n_blocks, block_size)
     return datasets.Dataset.from_dict({"input_ids": blocks.tolist()})
-
-
-def _cache_key(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def cached_dataset(path: Path, build: Callable[[], datasets.Dataset]) -> datasets.Dataset:
@@ -125,7 +54,7 @@ def cached_dataset(path: Path, build: Callable[[], datasets.Dataset]) -> dataset
 def corpus_dataset(target: LoadedModel, corpus: dict, block_size: int, cache_dir: str | None = None) -> datasets.Dataset:
     """The corpus as token blocks, cached under cache_dir (default: the specexp cache) by its config."""
     root = Path(cache_dir) if cache_dir else cache_root() / "distill"
-    key = _cache_key(target.name, vocab_fingerprint(target), corpus, block_size)
+    key = cache_key(target.name, vocab_fingerprint(target), corpus, block_size)
     root.mkdir(parents=True, exist_ok=True)
     return cached_dataset(root / f"corpus-{key}", lambda: token_blocks(
         corpus_documents(target, **corpus), target.eos_token_ids[0], block_size))
@@ -160,7 +89,7 @@ def teacher_cache_path(corpus: datasets.Dataset, target: LoadedModel, k: int, te
     """Where a corpus's teacher scores live: next to it, keyed by everything that changes them."""
     corpus_dir = Path(corpus.cache_files[0]["filename"]).parent
     vocab_ids = None if vocab is None else hashlib.sha256(vocab.target_ids.numpy().tobytes()).hexdigest()[:16]
-    return corpus_dir.with_name(f"{corpus_dir.name}-teacher-{_cache_key(target.name, k, temperature, vocab_ids)}")
+    return corpus_dir.with_name(f"{corpus_dir.name}-teacher-{cache_key(target.name, k, temperature, vocab_ids)}")
 
 
 class DistillDataModule(L.LightningDataModule):

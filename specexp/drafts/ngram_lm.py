@@ -1,11 +1,14 @@
 """A corpus-trained Kneser-Ney n-gram LM as a draft: cheap, and a real (non one-hot) q."""
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
 from specexp.core.sampling import SamplingConfig, sample
 from specexp.drafts.base import Context, Proposal, check_k, check_min_confidence, warp_distribution
 from specexp.models import LoadedModel
+from specexp.ngram.cached import cached_lm, require_corpus
 from specexp.ngram.corpus import check_fingerprint
 from specexp.ngram.kneser_ney import KneserNeyLM
 
@@ -19,10 +22,15 @@ class NgramLMDrafter:
     adaptive draft length decided before verification, so exactness is untouched.
     """
 
-    def __init__(self, target: LoadedModel, path: str, k: int = 4, min_confidence: float = 0.0):
+    def __init__(self, target: LoadedModel, path: str | None = None, k: int = 4, min_confidence: float = 0.0,
+                 order: int = 5, corpus: Mapping | None = None):
+        """path: an LM file from `python -m specexp.ngram lm`; None builds an order-``order`` LM of
+        ``corpus`` (corpus_documents' arguments) once into the cache."""
         check_k(k)
         check_min_confidence(min_confidence)
         self.k, self.min_confidence = k, min_confidence
+        if path is None:
+            path = cached_lm(target, order, require_corpus(corpus))
         self.lm = KneserNeyLM.load(path)
         check_fingerprint(self.lm.fingerprint, target, path)
 

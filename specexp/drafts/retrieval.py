@@ -1,6 +1,8 @@
 """REST-style retrieval drafts (He et al. 2023) from a suffix-array datastore, optionally
 combined with the context lookup (take whichever matches longer, like vLLM's suffix method)."""
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
@@ -17,21 +19,26 @@ from specexp.drafts.base import (
 from specexp.drafts.context_index import ContextIndex
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
+from specexp.ngram.cached import cached_datastore, require_corpus
 from specexp.ngram.corpus import check_fingerprint
 from specexp.ngram.datastore import SEPARATOR, SuffixDatastore
 
 
 class RetrievalDrafter:
-    def __init__(self, target: LoadedModel, path: str, k: int = 4, max_match: int = 16, max_occurrences: int = 256,
-                 combine_context: bool = True, context_max_n: int = 8, min_confidence: float = 0.0):
+    def __init__(self, target: LoadedModel, path: str | None = None, k: int = 4, max_match: int = 16,
+                 max_occurrences: int = 256, combine_context: bool = True, context_max_n: int = 8,
+                 min_confidence: float = 0.0, corpus: Mapping | None = None):
+        """path: a datastore from `python -m specexp.ngram datastore`; None builds one of ``corpus``
+        (corpus_documents' arguments) once into the cache."""
         check_k(k)
-        if max_match < 1 or max_occurrences < 1 or context_max_n < 1:
-            raise UserInputError("draft.max_match, draft.max_occurrences and draft.context_max_n must be >= 1")
+        for name, value in (("max_match", max_match), ("max_occurrences", max_occurrences), ("context_max_n", context_max_n)):
+            if value < 1:
+                raise UserInputError(f"draft.{name}={value} is not allowed; it must be an integer >= 1")
         check_min_confidence(min_confidence)
         self.min_confidence = min_confidence  # stop when the empirical top probability falls below it
         self.k, self.max_match, self.max_occurrences = k, max_match, max_occurrences
         self.combine_context, self.context_max_n = combine_context, context_max_n
-        self.store = SuffixDatastore.load(path)
+        self.store = SuffixDatastore.load(cached_datastore(target, require_corpus(corpus)) if path is None else path)
         check_fingerprint(self.store.fingerprint, target, path)
         self.vocab_size = target.vocab_size
         self.indexes: list[ContextIndex] = []

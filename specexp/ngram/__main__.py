@@ -15,9 +15,8 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import mt_bench, prompts_from_dataset
 from specexp.errors import UserInputError
 from specexp.models import load_embedded_target, load_model
-from specexp.ngram.corpus import generated_documents, join_documents, text_documents, vocab_fingerprint
-from specexp.ngram.datastore import SuffixDatastore
-from specexp.ngram.kneser_ney import KneserNeyLM
+from specexp.ngram.cached import datastore_from_documents, lm_from_documents
+from specexp.ngram.corpus import generated_documents, text_documents
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -58,12 +57,10 @@ def build(args: argparse.Namespace) -> None:
                                            seed=args.seed)
         sampling = SamplingConfig(temperature=args.temperature)
         documents += generated_documents(target, prompts, args.generation_tokens, sampling, args.batch_size, args.seed)
-    fingerprint = vocab_fingerprint(target)
-    separator = target.eos_token_ids[0] if target.eos_token_ids else 0
     if args.kind == "lm":
-        model = KneserNeyLM.build(join_documents(documents, separator), args.order, target.vocab_size, fingerprint)
+        model = lm_from_documents(documents, target, args.order)
     else:
-        model = SuffixDatastore.build(documents, target.vocab_size, fingerprint)
+        model = datastore_from_documents(documents, target)
     model.save(args.out)
     n_tokens = sum(len(d) for d in documents)
     print(f"wrote {args.out}: {args.kind} over {len(documents)} documents, {n_tokens} tokens")

