@@ -92,13 +92,20 @@ def wandb_mode(mode: str) -> str:
     return "online" if has_key else "offline"
 
 
+HEADLINE_KEYS = ("speedup", "alpha", "tau", "cost_ratio_c", "predicted_speedup", "realized_over_predicted")
+
+
 class WandbTracker:
     """logger=wandb. Every call is failure-safe: W&B trouble is a warning, never a lost or failed job."""
 
     def __init__(self, config: dict, project: str = "specexp", entity: str | None = None, mode: str = "auto",
                  group: str | None = None, job_type: str | None = None, tags: list[str] | None = None,
-                 name: str | None = None, dir: str | None = None, max_table_rows: int = 1000):
+                 name: str | None = None, dir: str | None = None, max_table_rows: int = 1000,
+                 choices: dict | None = None):
+        """choices: the config-group options of the job (draft, data, ...), kept in the run's config
+        as `choice.GROUP` so tables and filters can name them."""
         self.max_table_rows = max_table_rows
+        config = {**config, "choice": dict(choices)} if choices else config
         self.run = None
         try:
             import wandb
@@ -125,6 +132,11 @@ class WandbTracker:
                 [cat, v["alpha"], v["tau"], v["speedup"]] for cat, v in (summary.get("per_category") or {}).items()])
             sample = rounds.sample(min(len(rounds), self.max_table_rows), random_state=0) if len(rounds) else rounds
             texts = [[a["prompt_id"], a["category"], a["spec_text"], a["ar_text"], a["identical"]] for a in answers]
+            # History rows that let panels draw lines across runs (specexp.dashboard): one with the
+            # headline numbers at x = k, then one per draft position at x = position.
+            self.run.log({"k": summary["k"], **{key: summary[key] for key in HEADLINE_KEYS if summary.get(key) is not None}})
+            for position, acceptance in curve.data:
+                self.run.log({"position": position, "acceptance": acceptance})
             self.run.log({
                 "acceptance_curve": curve,
                 "acceptance_curve_plot": wandb.plot.line(curve, "position", "acceptance",

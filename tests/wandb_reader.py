@@ -31,12 +31,16 @@ def records(path: Path) -> list:
 
 
 def offline_run(run_dir: Path) -> dict:
-    """{'summary': {...}, 'config': {...}, 'tags': [...], 'group': str, 'job_type': str, 'tables': {key: table json}}."""
+    """{'finished': bool, 'summary': {...}, 'config': {...}, 'history': [{...} per logged row], 'tags': [...],
+    'group': str, 'job_type': str, 'tables': {key: table json}}."""
     (log,) = run_dir.glob("run-*.wandb")
-    summary, config, run = {}, {}, None
+    summary, config, history, run, finished = {}, {}, [], None, False
     for record in records(log):
         kind = record.WhichOneof("record_type")
-        if kind == "summary":
+        finished |= kind == "exit"  # written once the run's finish() has gone through
+        if kind == "history":
+            history.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in record.history.item})
+        elif kind == "summary":
             for item in record.summary.update:
                 summary["/".join(item.nested_key) or item.key] = json.loads(item.value_json)
         elif kind == "run":  # the config given to wandb.init rides on the run record
@@ -49,5 +53,6 @@ def offline_run(run_dir: Path) -> dict:
             tables[key[: -len("/path")]] = json.loads((run_dir / "files" / value).read_text())
     # Lightning's WandbLogger can leave the run record out of the offline log; then only the
     # summary and config are known (callers that need group/tags assert on them).
-    return {"summary": summary, "config": config, "tags": list(run.tags) if run else None,
-            "group": run.run_group if run else None, "job_type": run.job_type if run else None, "tables": tables}
+    return {"finished": finished, "summary": summary, "config": config, "history": history,
+            "tags": list(run.tags) if run else None, "group": run.run_group if run else None,
+            "job_type": run.job_type if run else None, "tables": tables}

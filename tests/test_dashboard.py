@@ -1,0 +1,97 @@
+"""`python -m specexp.dashboard`: the workspace's panels read keys the logger really writes, and
+without a key or network it prints what it would save and exits 0."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specexp.dashboard import Key, build_workspace, referenced_keys
+from tests.wandb_reader import offline_run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_dashboard(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specexp.dashboard", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def written_keys(run: dict) -> set[Key]:
+    """Every key an offline run holds, in the dashboard's sections (nested config flattened)."""
+
+    def flat(d: dict, prefix: str = "") -> set[str]:
+        out = set()
+        for key, value in d.items():
+            out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}"}
+        return out
+
+    keys = {Key("history", k) for row in run["history"] for k in row}
+    keys |= {Key("summary", k) for k in run["summary"]} | {Key("config", k) for k in flat(run["config"])}
+    keys |= {Key("table", name) for name in run["tables"]}
+    keys |= {Key(f"table:{name}", c) for name, table in run["tables"].items() for c in table["columns"]}
+    if run["group"]:
+        keys.add(Key("run", "group"))
+    if run["job_type"]:
+        keys.add(Key("run", "jobType"))
+    return keys | {Key("run", "displayName")}  # every run has a name
+
+
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory) -> dict:
+    """One study job logged by logger=wandb, offline, read back from its .wandb file."""
+    run_dir = tmp_path_factory.mktemp("dashboard") / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    out = subprocess.run([sys.executable, "-m", "specexp", "logger=wandb", "data.limit=2", "max_new_tokens=6",
+                          f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (wandb_dir,) = (run_dir / "wandb").glob("offline-run-*")
+    return offline_run(wandb_dir)
+
+
+@pytest.mark.default_target
+def test_every_key_the_dashboard_reads_is_written_by_the_logger(logged_run):
+    workspace = build_workspace("specexp", "me", group="default")
+    missing = referenced_keys(workspace) - written_keys(logged_run)
+    assert not missing, f"the dashboard reads keys no run writes: {sorted(missing, key=str)}"
+
+
+@pytest.mark.default_target
+def test_the_logged_history_draws_speedup_against_k_and_the_acceptance_curve(logged_run):
+    summary = logged_run["summary"]
+    (headline,) = [row for row in logged_run["history"] if "k" in row]
+    assert headline["k"] == 4 and headline["speedup"] == pytest.approx(summary["speedup"])
+    curve = [(row["position"], row["acceptance"]) for row in logged_run["history"] if "position" in row]
+    expected = [tuple(row) for row in logged_run["tables"]["acceptance_curve"]["data"]]
+    assert [p for p, _ in curve] == [p for p, _ in expected] and [a for _, a in curve] == pytest.approx([a for _, a in expected])
+    assert logged_run["config"]["choice"] == {"draft": "prompt_lookup", "data": "mt_bench", "sampling": "greedy",
+                                              "target": "default"}
+
+
+def test_the_workspace_has_the_panels_the_issue_names():
+    workspace = build_workspace("proj", "ent", group="k_sweep")
+    panels = {(type(p).__name__, getattr(p, "title", None) or p.chart_strings.get("title"))
+              for s in workspace.sections for p in s.panels}
+    assert panels == {("LinePlot", "speedup over AR against K"), ("LinePlot", "P(accept position i | earlier accepted)"),
+                      ("ScatterPlot", "alpha against draft cost c (the cost/quality plane)"),
+                      ("CustomChart", "speedup per category"), ("CustomChart", "tau per category")}
+    assert [g.name for g in workspace.runset_settings.groupby] == ["Group", "JobType"]
+    assert "k_sweep" in workspace.runset_settings.filters
+    view = workspace._to_model()  # what save() would send: it must serialise
+    assert view.spec.section.panel_bank_config.sections[0].name == "Speedup and acceptance"
+
+
+def test_help_and_the_offline_run_exit_0_with_a_clear_message(tmp_path):
+    assert run_dashboard("--help").returncode == 0
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE")}
+    env["HOME"] = str(tmp_path)  # no ~/.netrc: no key
+    out = run_dashboard("--project", "specexp", "--group", "k_sweep", env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "not saved: no W&B API key" in out.stdout and "speedup over AR against K" in out.stdout
+    assert "Traceback" not in out.stderr
+    dry = run_dashboard("--project", "specexp", "--entity", "me", "--dry-run")
+    assert dry.returncode == 0 and "not saved: --dry-run" in dry.stdout and "me/specexp" in dry.stdout
+    missing = run_dashboard()
+    assert missing.returncode == 2 and "--project" in missing.stderr
