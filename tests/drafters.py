@@ -1,9 +1,16 @@
-"""Test-only drafts: a random one, and a copy of the target (always agrees)."""
+"""Test-only drafts (a random one) and every draft strategy built for a tiny target, by name."""
 
 import torch
 
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import Context, Proposal
+from specexp.drafts.base import Context, Drafter, Proposal
+from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
+from specexp.drafts.ngram_lm import NgramLMDrafter
+from specexp.drafts.prompt_lookup import PromptLookupDrafter
+from specexp.drafts.retrieval import RetrievalDrafter
+from specexp.drafts.small_lm import SmallLMDrafter, target_prefix_drafter, top_probability
+from specexp.models import LoadedModel
+from tests.conftest import random_exit_head, reduced_vocab_copy
 
 
 class RandomDrafter:
@@ -23,3 +30,54 @@ class RandomDrafter:
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         pass
+
+
+def confidence_quantile(draft: LoadedModel, quantile: float = 0.5) -> float:
+    """A quantile of the draft's top probability on random contexts: a min_confidence at which its
+    rows stop drafting at some steps and not at others."""
+    x = torch.randint(1, draft.vocab_size, (4, 30), generator=torch.Generator().manual_seed(0))
+    vocab = draft.draft_vocab
+    with torch.no_grad():
+        logits = draft.model(x if vocab is None else vocab.to_draft(x)).logits
+    confidence = top_probability(logits if vocab is None else logits[..., : vocab.size])
+    return float(confidence.quantile(quantile))
+
+
+def distilled_like(target: LoadedModel, other: LoadedModel, k: int) -> SmallLMDrafter:
+    """What `draft=distilled` / `distilled_confident` build for the default target, for a tiny one:
+    a reduced-vocabulary draft with int8 weights that stops rows at a confidence threshold."""
+    draft = reduced_vocab_copy(other)
+    return SmallLMDrafter(target, draft, k=k, min_confidence=confidence_quantile(draft), quantize="int8")
+
+
+# Every draft strategy (and its options that change what is proposed), built for a tiny target:
+# `other` is a model of the same vocabulary that agrees with it part of the time, `files` the
+# n-gram LM and datastore of tests.conftest.build_ngram_files.
+DRAFT_KINDS = {
+    "agree": lambda target, other, k, files: SmallLMDrafter(target, target, k=k),
+    "disagree": lambda target, other, k, files: SmallLMDrafter(target, other, k=k),
+    "random": lambda target, other, k, files: RandomDrafter(target.vocab_size, k),
+    "prompt_lookup": lambda target, other, k, files: PromptLookupDrafter(target, k=k, max_n=3, min_n=1),
+    "prompt_lookup_frequent": lambda target, other, k, files: PromptLookupDrafter(
+        target, k=k, max_n=2, min_n=1, choice="frequent", max_tokens_after_match=[]),  # uncapped
+    "ngram_lm": lambda target, other, k, files: NgramLMDrafter(target, files["lm"], k=k),
+    "ngram_lm_confident": lambda target, other, k, files: NgramLMDrafter(target, files["lm"], k=k, min_confidence=0.3),
+    "retrieval": lambda target, other, k, files: RetrievalDrafter(target, files["store"], k=k, combine_context=False),
+    "retrieval+context": lambda target, other, k, files: RetrievalDrafter(target, files["store"], k=k, max_match=4,
+                                                                          context_max_n=3),
+    "retrieval_confident": lambda target, other, k, files: RetrievalDrafter(target, files["store"], k=k,
+                                                                            min_confidence=0.5),
+    "reduced_vocab": lambda target, other, k, files: SmallLMDrafter(target, reduced_vocab_copy(other), k=k),
+    "small_lm_confident": lambda target, other, k, files: SmallLMDrafter(target, other, k=k,
+                                                                         min_confidence=confidence_quantile(other)),
+    "small_lm_int8": lambda target, other, k, files: SmallLMDrafter(target, other, k=k, quantize="int8"),
+    "target_prefix": lambda target, other, k, files: target_prefix_drafter(target, n_layers=1, k=k),
+    "distilled_like": lambda target, other, k, files: distilled_like(target, other, k),
+    "early_exit_shared": lambda target, other, k, files: early_exit_drafter(target, exit_layer=1, k=k, mode="shared"),
+    "early_exit_naive": lambda target, other, k, files: early_exit_drafter(target, exit_layer=1, k=k, mode="naive"),
+    "early_exit_trained": lambda target, other, k, files: SharedEarlyExitDrafter(target, random_exit_head(target, 1), k=k),
+}
+
+
+def make_drafter(kind: str, target: LoadedModel, other: LoadedModel, k: int, files: dict[str, str]) -> Drafter:
+    return DRAFT_KINDS[kind](target, other, k, files)

@@ -1,0 +1,126 @@
+"""End to end, sampled output is distributed as the target's: for every draft strategy, K in
+{1, 3, 5}, three warps (plain T = 1, top-k and top-p actually cutting), ragged batches.
+
+The target is a random 8-token Llama built here, so the exact probability of every 3-token
+continuation (8^3 = 512 cells per prompt) is enumerated from its logits. Each test decodes
+ROWS copies of each of three prompts of different lengths in one batch (left padding, rows
+accepting different counts), 4 new tokens per row through the real engine, and compares the
+joint of tokens 1..3 per prompt with the enumerated target (a grouped chi-square). Tokens 2
+and 3 come after a round's later draft positions, its bonus token, the caches' rewinds and the
+draft's update, so a mistake in any of them shows.
+
+False failures: each test fails by chance with probability P_VALUE_THRESHOLD (1e-4). Power:
+each test computes and states the smallest total-variation distance, in any one prompt's
+joint, that it detects with probability 0.9 (about 0.05 here); the assertion message prints
+it. `test_a_broken_residual_is_caught` runs the same cases with the residual resampled from
+p instead of norm(max(p - q, 0)) and requires every one of them to fail.
+"""
+
+import pytest
+import torch
+
+from specexp.core import engine
+from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
+from specexp.core.verify import speculative_verify
+from tests.conftest import build_ngram_files, tiny_model
+from tests.drafters import DRAFT_KINDS, make_drafter
+from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, grouped_chi_square
+
+V = 8
+ROWS = 3000  # decoded rows per prompt and test
+MAX_DETECTABLE_TVD = 0.12  # every test must have at least this power (checked, not assumed)
+PROMPTS = [[2, 3, 4, 2, 3, 4, 2, 3], [5, 6, 5], [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3]]
+NO_EOS = [10**6]
+SAMPLINGS = {
+    "t1": SamplingConfig(temperature=1.0),
+    "t0.8_top-k3": SamplingConfig(temperature=0.8, top_k=3),
+    "t1.3_top-p0.7": SamplingConfig(temperature=1.3, top_p=0.7),
+}
+# "agree" (the target as its own draft) never rejects, so no residual is ever drawn: it is
+# covered by the greedy grid, where it must accept everything.
+KINDS = [kind for kind in DRAFT_KINDS if kind != "agree"]
+KS = [1, 3, 5]
+# Each kind meets every K and every warp: the warp rotates with the kind's index.
+CASES = [(kind, k, list(SAMPLINGS)[(i + j) % 3]) for i, kind in enumerate(KINDS) for j, k in enumerate(KS)]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """The 8-token target, a same-vocabulary draft model that agrees with it part of the time,
+    and n-gram files built from the target's own samples."""
+    target = tiny_model(20, layers=2, vocab_size=V, scale=10.0)  # sharp, like an LM: ~1.7 nats per token at T = 1
+    other = tiny_model(21, layers=1, vocab_size=V, scale=10.0)
+    return target, other, build_ngram_files(target, tmp_path_factory.mktemp("ngram8"), seed=1)
+
+
+@torch.no_grad()
+def exact_joint(target, prompt: list[int], sampling: SamplingConfig) -> torch.Tensor:
+    """P(t1, t2, t3 | prompt) under the warped target, flattened [V^3]: every continuation of up
+    to two tokens in one padding-free batch."""
+    prefixes = [[]] + [[a] for a in range(V)] + [[a, b] for a in range(V) for b in range(V)]
+    probs = [logits_to_probs(target.model(torch.tensor([prompt + x])).logits[0, -1], sampling) for x in prefixes]
+    p1, p2, p3 = probs[0], torch.stack(probs[1 : 1 + V]), torch.stack(probs[1 + V :]).view(V, V, V)
+    return (p1[:, None, None] * p2[:, :, None] * p3).flatten()
+
+
+def decode_counts(target, drafter, sampling: SamplingConfig, seed: int) -> tuple[torch.Tensor, engine.GenerationOutput]:
+    """ROWS copies of each prompt, interleaved in one batch, 4 new tokens each -> counts [3, V^3]."""
+    batch = PROMPTS * ROWS
+    g = torch.Generator().manual_seed(seed)
+    out = engine.generate(target.model, batch, drafter, sampling, 4, NO_EOS, g)
+    cells = torch.tensor([(t[0] * V + t[1]) * V + t[2] for t in out.tokens])
+    counts = torch.zeros(len(PROMPTS), V**3, dtype=torch.long)
+    for i in range(len(PROMPTS)):
+        counts[i] = torch.bincount(cells[i :: len(PROMPTS)], minlength=V**3)
+    return counts, out
+
+
+def check_case(pair, kind: str, k: int, sampling_name: str) -> tuple[float, float, engine.GenerationOutput]:
+    """p-value and detectable TVD of one case, after checking the case can tell (power, cutting)."""
+    target, other, files = pair
+    sampling = SAMPLINGS[sampling_name]
+    expected = torch.stack([exact_joint(target, p, sampling) for p in PROMPTS])  # [3, V^3]
+    if sampling_name != "t1":  # the warp really cuts: some continuations become impossible
+        unwarped = torch.stack([exact_joint(target, p, SamplingConfig(temperature=sampling.temperature)) for p in PROMPTS])
+        assert bool(((expected == 0) & (unwarped > 0)).any())
+    drafter = make_drafter(kind, target, other, k, files)
+    counts, out = decode_counts(target, drafter, sampling, seed=100 * KINDS.index(kind) + k)
+    p_value, dof = grouped_chi_square(counts, expected)
+    return p_value, detectable_tvd(ROWS, dof), out
+
+
+@pytest.mark.parametrize(("kind", "k", "sampling_name"), CASES)
+def test_sampled_tokens_1_to_3_follow_the_target(pair, kind, k, sampling_name):
+    p_value, tvd, out = check_case(pair, kind, k, sampling_name)
+    assert tvd <= MAX_DETECTABLE_TVD, f"too few rows: this case only detects a TVD >= {tvd:.3f}"
+    assert p_value > P_VALUE_THRESHOLD, (
+        f"{kind} K={k} {sampling_name}: tokens 1..3 do not follow the target (p = {p_value:.2e}; "
+        f"this test detects a TVD >= {tvd:.3f} in a prompt's joint with probability 0.9)"
+    )
+    assert int(out.n_accepted.sum()) > 0, f"{kind} had no token accepted: the draft path was not exercised"
+
+
+def verify_with_broken_residual(draft_tokens, draft_probs, target_probs, generator=None):
+    """The rule with a classic bug: after a rejection, draw the next token from p, not from
+    norm(max(p - q, 0)). Accepted prefixes and bonus tokens are unchanged."""
+    n_accepted, next_token = speculative_verify(draft_tokens, draft_probs, target_probs, generator)
+    rows = torch.arange(draft_tokens.shape[0])
+    from_p = sample(target_probs[rows, n_accepted], generator)
+    return n_accepted, torch.where(n_accepted < draft_tokens.shape[1], from_p, next_token)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "k", "sampling_name"), CASES)
+def test_a_broken_residual_is_caught(pair, kind, k, sampling_name, monkeypatch):
+    """The control: every case above must fail against the broken rule (else it has no power
+    over the residual)."""
+    monkeypatch.setattr(engine, "speculative_verify", verify_with_broken_residual)
+    p_value, tvd, _ = check_case(pair, kind, k, sampling_name)
+    assert p_value < P_VALUE_THRESHOLD, f"{kind} K={k} {sampling_name}: the broken residual passed (p = {p_value:.3f})"
+
+
+@pytest.mark.parametrize(("kind", "k", "sampling_name"), [("disagree", 3, "t1"), ("prompt_lookup", 5, "t0.8_top-k3"),
+                                                          ("retrieval+context", 1, "t1.3_top-p0.7")])
+def test_a_broken_residual_is_caught_quick(pair, kind, k, sampling_name, monkeypatch):
+    """A few cases of the control above, in the default run."""
+    test_a_broken_residual_is_caught(pair, kind, k, sampling_name, monkeypatch)
