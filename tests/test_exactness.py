@@ -14,6 +14,10 @@ each test computes and states the smallest total-variation distance, in any one 
 joint, that it detects with probability 0.9 (about 0.05 here); the assertion message prints
 it. `test_a_broken_residual_is_caught` runs the same cases with the residual resampled from
 p instead of norm(max(p - q, 0)) and requires every one of them to fail.
+
+The shipped `draft=distilled` (a reduced vocabulary, int8 weights) needs the default target,
+whose vocabulary is too large to enumerate: its test keeps two tokens per step (top-k = 2) and
+compares the 8 continuations of 3 tokens per prompt the same way, with its own broken control.
 """
 
 import pytest
@@ -124,3 +128,74 @@ def test_a_broken_residual_is_caught(pair, kind, k, sampling_name, monkeypatch):
 def test_a_broken_residual_is_caught_quick(pair, kind, k, sampling_name, monkeypatch):
     """A few cases of the control above, in the default run."""
     test_a_broken_residual_is_caught(pair, kind, k, sampling_name, monkeypatch)
+
+
+# The shipped distilled draft on the default target: its vocabulary is too large to enumerate,
+# so top-k = 2 keeps two tokens per step (8 continuations of 3 tokens per prompt).
+DEFAULT_TARGET_ROWS = 300
+TOP2 = SamplingConfig(temperature=1.0, top_k=2)
+
+
+@pytest.fixture(scope="module")
+def default_pair():
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from specexp.__main__ import CONFIG_DIR
+    from specexp.models import load_embedded_target
+
+    target = load_embedded_target("float32", "cpu")
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["draft=distilled", "draft.k=2", "dtype=float32"])
+    prompts = [target.tokenizer(text)["input_ids"] for text in ("The capital of France is", "Once upon a time",
+                                                                 "def fibonacci(n):\n    ")]
+    return target, instantiate(cfg.draft), prompts
+
+
+@torch.no_grad()
+def exact_top2_joint(target, prompt: list[int]) -> dict[tuple[int, int, int], float]:
+    """P(t1, t2, t3 | prompt) under the top-2 warp, over the continuations it allows."""
+    def probs(ids):
+        return logits_to_probs(target.model(torch.tensor([ids])).logits[0, -1], TOP2)
+
+    joint, p1 = {}, probs(prompt)
+    for a in p1.nonzero().flatten().tolist():
+        p2 = probs(prompt + [a])
+        for b in p2.nonzero().flatten().tolist():
+            p3 = probs(prompt + [a, b])
+            for c in p3.nonzero().flatten().tolist():
+                joint[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    return joint
+
+
+def check_shipped_distilled(default_pair) -> tuple[float, float]:
+    target, make_drafter_for, prompts = default_pair
+    joints = [exact_top2_joint(target, p) for p in prompts]
+    cells = sorted(set().union(*joints))
+    expected = torch.tensor([[joint.get(c, 0.0) for c in cells] for joint in joints])  # [3, C]
+    out = engine.generate(target.model, prompts * DEFAULT_TARGET_ROWS, make_drafter_for(target), TOP2, 4, NO_EOS,
+                          torch.Generator().manual_seed(0))
+    assert int(out.n_accepted.sum()) > 0
+    index = {c: i for i, c in enumerate(cells)}
+    counts = torch.zeros(len(prompts), len(cells), dtype=torch.long)
+    for row, tokens in enumerate(out.tokens):
+        counts[row % len(prompts), index[tuple(tokens[:3])]] += 1  # a continuation outside `cells` is a KeyError
+    p_value, dof = grouped_chi_square(counts, expected)
+    return p_value, detectable_tvd(DEFAULT_TARGET_ROWS, dof)
+
+
+@pytest.mark.default_target
+def test_the_shipped_distilled_draft_samples_the_default_target(default_pair):
+    """draft=distilled as shipped (reduced vocabulary, int8 weights on a CPU) at K = 2, sampled."""
+    p_value, tvd = check_shipped_distilled(default_pair)
+    assert p_value > P_VALUE_THRESHOLD, (
+        f"tokens 1..3 do not follow the target (p = {p_value:.2e}; this test detects a TVD >= {tvd:.3f} in a "
+        f"prompt's joint with probability 0.9)")
+
+
+@pytest.mark.slow
+@pytest.mark.default_target
+def test_a_broken_residual_is_caught_with_the_shipped_distilled_draft(default_pair, monkeypatch):
+    monkeypatch.setattr(engine, "speculative_verify", verify_with_broken_residual)
+    p_value, _ = check_shipped_distilled(default_pair)
+    assert p_value < P_VALUE_THRESHOLD, f"the broken residual passed (p = {p_value:.3f})"
