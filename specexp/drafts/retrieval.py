@@ -38,7 +38,9 @@ class RetrievalDrafter:
         self.min_confidence = min_confidence  # stop when the empirical top probability falls below it
         self.k, self.max_match, self.max_occurrences = k, max_match, max_occurrences
         self.combine_context, self.context_max_n = combine_context, context_max_n
-        self.store = SuffixDatastore.load(cached_datastore(target, require_corpus(corpus)) if path is None else path)
+        if path is None:
+            path = cached_datastore(target, require_corpus(corpus))
+        self.store = SuffixDatastore.load(path)
         check_fingerprint(self.store.fingerprint, target, path)
         self.vocab_size = target.vocab_size
         self.indexes: list[ContextIndex] = []

@@ -100,7 +100,7 @@ USER_SLOT = "\x00user-turn\x00"  # a placeholder located in the rendered chat te
 def user_turn_prefix(tokenizer) -> list[int]:
     """Token ids of the chat template up to where a user's words begin (system prompt included)."""
     if not tokenizer.chat_template:
-        raise UserInputError("data.corpus.prompts=self needs a target with a chat template; give a prompt set instead")
+        raise UserInputError("corpus prompts=self needs a target with a chat template; give a prompt set instead")
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": USER_SLOT}], tokenize=False)
     return tokenizer(rendered.split(USER_SLOT)[0], add_special_tokens=False)["input_ids"]
 
@@ -138,7 +138,7 @@ def corpus_documents(target: LoadedModel, text: list[str] | None = None, text_co
     prompt data set, or None.
     """
     if openers and prompts != "self":
-        raise UserInputError(f"data.corpus.openers apply to prompts=self only (the target writing the user turns); "
+        raise UserInputError(f"corpus openers apply to prompts=self only (the target writing the user turns); "
                              f"got prompts={prompts!r}")
     documents = []
     for source in text or []:
