@@ -20,7 +20,7 @@ import torch
 from common import decode_hf, decode_ours, machine
 from hydra import compose, initialize_config_dir
 
-from specexp.__main__ import CONFIG_DIR
+from specexp.cli import CONFIG_DIR
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import SmallLMDrafter

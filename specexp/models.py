@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specexp.drafts.draft_vocab import DraftVocab
+from specexp.draft_vocab import DraftVocab
 from specexp.errors import UserInputError
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from specexp import metrics
 from specexp.core.engine import GenerationOutput, generate
 from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt, encode_prompts
-from specexp.drafts.base import Drafter
+from specexp.core.interface import Drafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.tracking import JobResults

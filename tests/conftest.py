@@ -60,7 +60,7 @@ def noisy_copy(model: LoadedModel, noise: float, seed: int) -> LoadedModel:
 def reduced_vocab_copy(model: LoadedModel, keep_every: int = 2) -> LoadedModel:
     """The model restricted to every keep_every-th token id (+ EOS) as a reduced-vocabulary draft."""
     from specexp.distill.student import student_from_target
-    from specexp.drafts.draft_vocab import DraftVocab
+    from specexp.draft_vocab import DraftVocab
 
     kept = sorted(set(range(0, model.vocab_size, keep_every)) | {EOS})
     layers = list(range(model.model.config.num_hidden_layers))
@@ -74,7 +74,7 @@ def random_exit_head(target: LoadedModel, exit_layer: int, keep_every: int = 2, 
     """A "trained" exit head without training: a random non-zero adapter and a reduced vocabulary
     (every keep_every-th id + EOS), so its q is neither the untrained head's nor full-support."""
     from specexp.core.layers import decoder_parts
-    from specexp.drafts.draft_vocab import DraftVocab
+    from specexp.draft_vocab import DraftVocab
     from specexp.drafts.exit_head import ExitHead
 
     kept = sorted(set(range(0, target.vocab_size, keep_every)) | {EOS})

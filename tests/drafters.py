@@ -2,8 +2,8 @@
 
 import torch
 
+from specexp.core.interface import Context, Drafter, Proposal
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import Context, Drafter, Proposal
 from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter

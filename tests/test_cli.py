@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from specexp.__main__ import CONFIG_DIR, unknown_choice
+from specexp.cli import CONFIG_DIR, unknown_choice
 from tests.conftest import tiny_model
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from specexp.distill.collect import collect, markdown
 from specexp.distill.data import DistillDataModule, documents_from_blocks, token_blocks, with_teacher_top_k
 from specexp.distill.module import DistillModule, is_on_policy_step
 from specexp.distill.student import build_student, student_from_target
-from specexp.drafts.draft_vocab import DraftVocab, frequent_tokens
+from specexp.draft_vocab import DraftVocab, frequent_tokens
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import load_model
@@ -260,7 +260,7 @@ def test_wandb_logger_gets_the_validation_alpha(tiny_pair, tmp_path, monkeypatch
     from hydra import compose, initialize_config_dir
     from lightning.pytorch.loggers import WandbLogger
 
-    from specexp.__main__ import CONFIG_DIR
+    from specexp.cli import CONFIG_DIR
     from tests.wandb_reader import offline_run
 
     monkeypatch.setenv("WANDB_SILENT", "true")

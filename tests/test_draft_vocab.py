@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from specexp.core.interface import Context
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
-from specexp.drafts.base import Context
-from specexp.drafts.draft_vocab import DraftVocab, frequent_tokens
+from specexp.draft_vocab import DraftVocab, frequent_tokens
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import load_model

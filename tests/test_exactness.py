@@ -141,7 +141,7 @@ def default_pair():
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from specexp.__main__ import CONFIG_DIR
+    from specexp.cli import CONFIG_DIR
     from specexp.models import load_embedded_target
 
     target = load_embedded_target("float32", "cpu")

@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from specexp.__main__ import CONFIG_DIR, missing_value
+from specexp.cli import CONFIG_DIR, missing_value
 from specexp.errors import UserInputError
 from specexp.ngram import cached
 from specexp.ngram.corpus import PACKAGED_TEXTS, packaged_text

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specexp.core.interface import Context
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import Context
 from specexp.drafts.context_index import ContextIndex
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.errors import UserInputError

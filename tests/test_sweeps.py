@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specexp.__main__ import CONFIG_DIR
+from specexp.cli import CONFIG_DIR
 from tests.wandb_reader import offline_run
 
 REPO = Path(__file__).resolve().parent.parent

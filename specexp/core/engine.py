@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
+from specexp.core.interface import Context, Drafter, Proposal, SharesTargetPass
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.core.verify import speculative_verify
-from specexp.drafts.base import Context, Drafter, Proposal, SharesTargetPass
 
 
 @dataclass

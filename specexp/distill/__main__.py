@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedModel
 
-from specexp.__main__ import CONFIG_DIR, _user_error
+from specexp.cli import CONFIG_DIR, user_error
 from specexp.distill.data import (
     DistillDataModule,
     cached_dataset,
@@ -30,7 +30,7 @@ from specexp.distill.data import (
 from specexp.distill.history import MetricsHistory
 from specexp.distill.module import DistillModule
 from specexp.distill.objectives import objective
-from specexp.drafts.draft_vocab import DraftVocab, frequent_tokens
+from specexp.draft_vocab import DraftVocab, frequent_tokens
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.ngram.corpus import vocab_fingerprint
@@ -107,7 +107,7 @@ def main(cfg: DictConfig) -> float | None:
     try:
         result = distill(cfg, out_dir)
     except Exception as exc:
-        error = _user_error(exc)
+        error = user_error(exc)
         if error is None:
             raise
         print(f"error: {error}", file=sys.stderr)

@@ -18,7 +18,7 @@ from filelock import FileLock
 from torch.utils.data import DataLoader
 
 from specexp.distill.objectives import top_k_targets, warped_log_probs
-from specexp.drafts.draft_vocab import DraftVocab
+from specexp.draft_vocab import DraftVocab
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root
 from specexp.ngram.corpus import cache_key, corpus_documents, join_documents, vocab_fingerprint

@@ -4,7 +4,7 @@ from scratch, from an HF checkpoint, or initialised from the target's own weight
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from specexp.drafts.draft_vocab import DraftVocab, restrict_rows
+from specexp.draft_vocab import DraftVocab, restrict_rows
 from specexp.drafts.small_lm import check_same_vocabulary
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, load_model

@@ -1,82 +1,12 @@
-"""The one interface every draft strategy implements, and the data it sees and returns."""
-
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+"""Helpers the draft strategies share: argument checks, turning per-row token lists into a
+Proposal, the shared warp for drafts that output probabilities. The contract itself (Context,
+Proposal, Drafter, SharesTargetPass) lives in specexp.core.interface."""
 
 import torch
 
-from specexp.core.kv import RaggedKV
+from specexp.core.interface import Context, Proposal
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.errors import UserInputError
-
-
-@dataclass
-class Context:
-    """The committed tokens of a batch, as the engine keeps them.
-
-    Row b holds ``tokens[b, start[b]:lengths[b]]``: its left-padded prompt, then everything
-    committed so far. Slots past ``lengths[b]`` are scratch.
-    """
-
-    tokens: torch.Tensor  # [B, S] long
-    start: torch.Tensor  # [B] long: first non-padding slot
-    lengths: torch.Tensor  # [B] long: end (exclusive) of the committed tokens
-    done: torch.Tensor  # [B] bool: row finished (EOS or max_new_tokens)
-
-
-@dataclass
-class Proposal:
-    """What a draft hands the verifier for one round.
-
-    A row may propose fewer than K tokens: past its own count its tokens are arbitrary and
-    its q rows are all zero, which the verifier treats as "rejected, resample from p".
-    """
-
-    tokens: torch.Tensor  # [B, K] long
-    probs: torch.Tensor  # [B, K, V]: q, one-hot for deterministic drafts
-    n_proposed: torch.Tensor  # [B] long in 0..K
-
-    @classmethod
-    def empty(cls, batch_size: int, vocab_size: int, device: torch.device) -> "Proposal":
-        return cls(
-            tokens=torch.zeros(batch_size, 0, dtype=torch.long, device=device),
-            probs=torch.zeros(batch_size, 0, vocab_size, device=device),
-            n_proposed=torch.zeros(batch_size, dtype=torch.long, device=device),
-        )
-
-
-@runtime_checkable
-class Drafter(Protocol):
-    """A draft strategy. The engine calls, per batch: reset, then per round propose -> update."""
-
-    k: int  # most tokens proposed per round
-
-    def reset(self, ctx: Context) -> None:
-        """Start a new batch of prompts (drop all per-sequence state, prefill caches)."""
-
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
-        """Propose up to k tokens per row, with the distribution q each was drawn from."""
-
-    def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
-        """Learn what was accepted ([B] long) and rewind own state to the committed tip.
-
-        ``ctx`` already holds the tokens committed this round.
-        """
-
-
-@runtime_checkable
-class SharesTargetPass(Protocol):
-    """A draft made of the target's own first layers (early exit, shared mode).
-
-    It writes those layers' KV for the positions it drafts from into the target's cache, so it
-    runs the round's target pass itself and computes only what drafting left out.
-    """
-
-    def attach(self, kv: RaggedKV) -> None:
-        """Take the target's cache (after the prompt pass, before reset)."""
-
-    def target_forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Append [tip, x_1..x_K] ([B, K+1]) to the target's cache; return its logits [B, K+1, V]."""
 
 
 def committed_tokens(ctx: Context, already_seen: list[int]) -> list[list[int]]:

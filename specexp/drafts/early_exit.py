@@ -13,11 +13,12 @@ from pathlib import Path
 
 import torch
 
+from specexp.core.interface import Context, Drafter, Proposal
 from specexp.core.kv import RaggedKV
 from specexp.core.layers import decoder_parts, final_logits, run_layers
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import Context, Drafter, Proposal, check_k
-from specexp.drafts.draft_vocab import sample_draft
+from specexp.draft_vocab import sample_draft
+from specexp.drafts.base import check_k
 from specexp.drafts.exit_head import EarlyExitModel, ExitHead
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError

@@ -17,7 +17,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 
 from specexp.core.layers import DecoderParts, check_exit_layer, decoder_parts, run_layers
-from specexp.drafts.draft_vocab import DraftVocab, restrict_rows
+from specexp.draft_vocab import DraftVocab, restrict_rows
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.ngram.corpus import vocab_fingerprint

@@ -5,8 +5,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from specexp.core.interface import Context, Proposal
 from specexp.core.sampling import SamplingConfig, sample
-from specexp.drafts.base import Context, Proposal, check_k, check_min_confidence, warp_distribution
+from specexp.drafts.base import check_k, check_min_confidence, warp_distribution
 from specexp.models import LoadedModel
 from specexp.ngram.cached import cached_lm, require_corpus
 from specexp.ngram.corpus import check_fingerprint

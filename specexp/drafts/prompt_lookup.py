@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
+from specexp.core.interface import Context, Proposal
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import Context, Proposal, check_k, committed_tokens, one_hot_proposal
+from specexp.drafts.base import check_k, committed_tokens, one_hot_proposal
 from specexp.drafts.context_index import ContextIndex
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel

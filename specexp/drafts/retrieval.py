@@ -6,16 +6,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from specexp.core.interface import Context, Proposal
 from specexp.core.sampling import SamplingConfig, sample
-from specexp.drafts.base import (
-    Context,
-    Proposal,
-    check_k,
-    check_min_confidence,
-    committed_tokens,
-    stack_proposal,
-    warp_distribution,
-)
+from specexp.drafts.base import check_k, check_min_confidence, committed_tokens, stack_proposal, warp_distribution
 from specexp.drafts.context_index import ContextIndex
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel

@@ -5,10 +5,11 @@ from pathlib import Path
 
 import torch
 
+from specexp.core.interface import Context, Proposal
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import Context, Proposal, check_k, check_min_confidence
-from specexp.drafts.draft_vocab import DraftVocab, sample_draft
+from specexp.draft_vocab import DraftVocab, sample_draft
+from specexp.drafts.base import check_k, check_min_confidence
 from specexp.drafts.lean_llama import LeanLlama, supports_lean_forward
 from specexp.drafts.quantize import quantize_linears
 from specexp.errors import UserInputError
