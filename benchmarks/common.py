@@ -12,6 +12,7 @@ from specexp.core.engine import GenerationOutput, generate
 from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt
 from specexp.models import LoadedModel
+from specexp.runtime.matmul import cpu_model
 from specexp.study import batch_record, round_table, summarize
 
 GREEDY = SamplingConfig()
@@ -33,7 +34,7 @@ def decode_hf(target: LoadedModel, ids: list[int], max_new: int, **kwargs) -> tu
 
 
 def machine() -> str:
-    return (f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+    return (f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
             f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}")
 
 

@@ -19,11 +19,12 @@ from tqdm.auto import tqdm
 
 from specexp import metrics
 from specexp.core.engine import GenerationOutput, generate
+from specexp.core.interface import Drafter
 from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt, encode_prompts
-from specexp.core.interface import Drafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
+from specexp.runtime import round_rows
 from specexp.tracking import JobResults
 
 
@@ -38,6 +39,7 @@ class Study:
     batch_size: int
     batch_by_category: bool
     seed: int
+    runtime: dict  # the runtime's settings and matmul plan, recorded in summary.json
 
 
 def prepare(cfg: DictConfig) -> Study:
@@ -53,6 +55,8 @@ def prepare(cfg: DictConfig) -> Study:
     target = instantiate(cfg.target)
     if target.tokenizer is None:
         raise UserInputError(f"target '{target.name}' has no tokenizer; a study needs one to encode its prompts")
+    # Before the draft is built: drafts made of the target's modules then use the planned ones.
+    runtime = instantiate(cfg.runtime).prepare(target, round_rows(cfg.batch_size, cfg.draft.k))
     drafter = instantiate(cfg.draft)(target)
     encoded = encode_prompts(target.tokenizer, prompts, chat_template=cfg.chat_template)
     context = target.context_length
@@ -65,7 +69,7 @@ def prepare(cfg: DictConfig) -> Study:
                 f"it exceeds the target's context of {context} tokens"
             )
     return Study(target, drafter, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
-                 cfg.batch_by_category, cfg.seed)
+                 cfg.batch_by_category, cfg.seed, runtime)
 
 
 def make_batches(prompts: list[Prompt], batch_size: int, by_category: bool = True) -> list[list[int]]:
@@ -219,6 +223,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     summary["n_prompts"] = len(study.prompts)
     summary["target"] = target.name
     summary["draft"] = type(drafter).__name__
+    summary["runtime"] = study.runtime
     results.finish(summary, rounds_df)
     tracker.log_run(summary, rounds_df, all_answers)
     return summary

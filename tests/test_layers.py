@@ -23,6 +23,6 @@ def test_core_imports_nothing_above_it():
     assert {m for m in loaded if m not in ("specexp", "specexp.errors") and not m.startswith("specexp.core")} == set()
 
 
-@pytest.mark.parametrize("module", ["specexp.models", "specexp.data"])
-def test_models_and_data_need_no_draft_strategy(module):
+@pytest.mark.parametrize("module", ["specexp.models", "specexp.data", "specexp.runtime"])
+def test_models_data_and_runtime_need_no_draft_strategy(module):
     assert not {m for m in loaded_specexp_modules(module) if m.startswith(("specexp.drafts", "specexp.distill"))}

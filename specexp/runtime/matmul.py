@@ -1,0 +1,181 @@
+"""Per-shape matmul plans: for each weight shape and each row count a run will use, time the
+ways of writing x W^T on this machine once, keep the fastest, cache the choice per machine.
+
+Why: the same product runs at very different speeds depending on how it is written and how
+many rows x has. Measured on a 2-core AMD EPYC (AVX-512), the lm head's [49152 x 576] weights:
+`F.linear` takes 5.9 ms for 1 row but 28 ms for 2 and 15 ms for 5, while `(W @ x.T).T` takes
+6.0 / 7.2 ms; which formulation wins depends on the CPU, the shape and the row count, so it is
+measured, not assumed. Every formulation computes the same product (equal within rounding).
+"""
+
+import hashlib
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from filelock import FileLock
+from torch import nn
+
+
+def _w_xt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (w @ x.T).T.contiguous()  # [m, out]; a GEMM with the weights as the left operand
+
+
+def _w_xt_pad(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """One zero row more: some BLAS kernels are much faster for m + 1 rows than for m."""
+    padded = torch.cat([x, x.new_zeros(1, x.shape[1])])
+    return (w @ padded.T).T[: x.shape[0]].contiguous()
+
+
+# x [m, in], w [out, in] -> x w^T [m, out]
+FORMULATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "linear": lambda x, w: F.linear(x, w),
+    "x_wt": lambda x, w: x @ w.T,
+    "w_xt": _w_xt,
+    "w_xt_pad": _w_xt_pad,
+}
+DEFAULT = "linear"  # rows outside the plan (long prompt passes: compute-bound, where F.linear's GEMM does well)
+
+
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "sve", "asimd")
+
+
+def cpu_model() -> str:
+    """The processor as /proc/cpuinfo names it, with family/model (a virtual machine may only say
+    "AMD EPYC") and the vector extensions that decide which kernels are fast."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or platform.machine()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    family = f" family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields and "model" in fields else ""
+    vector = ",".join(f for f in VECTOR_FLAGS if f in flags)
+    return f"{name}{family}" + (f" [{vector}]" if vector else "")
+
+
+def hardware_fingerprint(device: torch.device) -> dict:
+    """What a plan's timings depend on: the processor (or GPU), threads, torch version."""
+    fingerprint = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                   "device": device.type}
+    if device.type == "cuda":
+        fingerprint["gpu"] = torch.cuda.get_device_name(device)
+    return fingerprint
+
+
+def shape_key(weight: torch.Tensor) -> str:
+    out_features, in_features = weight.shape
+    return f"{out_features}x{in_features}:{str(weight.dtype).removeprefix('torch.')}"
+
+
+PLAN_METHOD = "cold-weights-median-v1"  # changes to how plans are measured invalidate cached plans
+COLD_BYTES = 256 * 2**20  # more than any last-level cache: each timed call reads its weights from memory
+
+
+def time_formulations(weight: torch.Tensor, rows: int, repeats: int = 7) -> dict[str, float]:
+    """Median seconds of each formulation for x [rows, in] against a weight of ``weight``'s shape,
+    read cold as in a model's forward (whose weights are far larger than the caches): the calls
+    cycle through copies that together exceed COLD_BYTES. The candidates take turns, so drift on
+    a shared machine hits them alike."""
+    g = torch.Generator(device=weight.device).manual_seed(0)
+    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device, generator=g)
+    n_copies = max(2, min(256, -(-COLD_BYTES // (weight.numel() * weight.element_size()))))
+    copies = [torch.randn(weight.shape, dtype=weight.dtype, device=weight.device, generator=g) for _ in range(n_copies)]
+    sync = torch.cuda.synchronize if weight.device.type == "cuda" else (lambda: None)
+    times: dict[str, list[float]] = {name: [] for name in FORMULATIONS}
+    calls = 0
+    with torch.inference_mode():
+        for fn in FORMULATIONS.values():  # warm-up: first calls allocate and pick kernels
+            fn(x, copies[0])
+        for _ in range(repeats):
+            for name, fn in FORMULATIONS.items():
+                w = copies[calls % n_copies]
+                calls += 1
+                sync()
+                start = time.perf_counter()
+                fn(x, w)
+                sync()
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+class PlannedLinear(nn.Module):
+    """An nn.Linear's weights (the same Parameters: tied weights stay tied) whose product is
+    written the way the plan chose for x's row count."""
+
+    def __init__(self, linear: nn.Linear, choices: dict[int, str]):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.choices = choices  # rows -> formulation name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, self.in_features)  # [m, in]
+        y = FORMULATIONS[self.choices.get(x2d.shape[0], DEFAULT)](x2d, self.weight)  # [m, out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def linear_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, module) of every nn.Linear (and PlannedLinear) in the model."""
+    found = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, nn.Linear | PlannedLinear):
+                found.append((parent, name, child))
+    return found
+
+
+class MatmulPlans:
+    """The plan file of one machine: {shape key: {rows: formulation}}, measured on demand."""
+
+    def __init__(self, folder: Path, device: torch.device):
+        self.fingerprint = hardware_fingerprint(device)
+        keyed = {**self.fingerprint, "method": PLAN_METHOD, "formulations": sorted(FORMULATIONS)}
+        digest = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
+        self.path = Path(folder) / f"matmul-{digest}.json"
+
+    def _read(self) -> dict:
+        if not self.path.exists():
+            return {"fingerprint": self.fingerprint, "choices": {}, "timings": {}}
+        return json.loads(self.path.read_text())
+
+    def choices_for(self, weights: Iterable[torch.Tensor], rows: Iterable[int]) -> dict[str, dict[int, str]]:
+        """The plan for these weight shapes and row counts; what the file lacks is measured now
+        (once per machine: the file is shared by every later run, under a lock)."""
+        rows = sorted(set(rows))
+        unique = {shape_key(w): w for w in weights}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path) + ".lock"):
+            plan = self._read()
+            missing = [(key, m) for key in unique for m in rows if str(m) not in plan["choices"].get(key, {})]
+            if missing:
+                from tqdm.auto import tqdm
+
+                for key, m in tqdm(missing, desc="timing matmul layouts (once per machine)", unit="shape"):
+                    timings = time_formulations(unique[key], m)
+                    plan["choices"].setdefault(key, {})[str(m)] = min(timings, key=timings.get)
+                    plan["timings"].setdefault(key, {})[str(m)] = timings
+                tmp = self.path.with_name(self.path.name + ".tmp")
+                tmp.write_text(json.dumps(plan, indent=1, sort_keys=True))
+                tmp.replace(self.path)
+        return {key: {m: plan["choices"][key][str(m)] for m in rows} for key in unique}
+
+
+def apply_plan(model: nn.Module, plans: MatmulPlans, rows: Iterable[int]) -> dict:
+    """Write every Linear of ``model`` as its plan says for these row counts. Returns what was
+    chosen, for the run's record: {shape key: {rows: formulation}} and the machine's fingerprint."""
+    modules = linear_modules(model)
+    choices = plans.choices_for((module.weight for _, _, module in modules), rows)
+    for parent, name, module in modules:
+        setattr(parent, name, PlannedLinear(module, choices[shape_key(module.weight)]))
+    return {"fingerprint": plans.fingerprint, "plan_file": str(plans.path), "choices": choices}

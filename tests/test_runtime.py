@@ -1,0 +1,107 @@
+"""The runtime's matmul plans: every formulation is the same product, planned models decode
+exactly as before, and a machine's plan is measured once and then read back."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specexp.core.engine import generate
+from specexp.core.sampling import SamplingConfig
+from specexp.runtime import HFRuntime, matmul, round_rows
+from specexp.runtime.matmul import FORMULATIONS, MatmulPlans, PlannedLinear, apply_plan, linear_modules, shape_key
+from tests.conftest import tiny_model
+from tests.drafters import make_drafter
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", FORMULATIONS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9, 17])
+def test_every_formulation_is_the_same_product_as_f_linear(name, rows):
+    g = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(300, 96, generator=g), torch.randn(300, generator=g)
+    x = torch.randn(2, rows, 96, generator=g)
+    planned = PlannedLinear(nn.Linear(96, 300), {rows * 2: name})
+    planned.weight, planned.bias = nn.Parameter(w), nn.Parameter(b)
+    # fp32 products of 96 terms: rounding differs by kernel, never by more than a few ulps of the sum
+    torch.testing.assert_close(planned(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert planned(x).is_contiguous()
+
+
+def test_round_rows_cover_every_batch_and_proposal_length():
+    assert round_rows(1, 4) == [1, 2, 3, 4, 5]
+    assert round_rows(2, 1) == [1, 2, 4]
+
+
+@pytest.mark.parametrize("name", FORMULATIONS)
+def test_a_planned_target_decodes_exactly_as_before(name, prompts):
+    """Every Linear forced to one formulation: the same greedy tokens, alone and speculative,
+    batched and ragged; the tied weights stay the same Parameters."""
+    target = tiny_model(0, layers=2)
+    alone = generate(target.model, prompts, None, SamplingConfig(), 16, [10**6], torch.Generator().manual_seed(0))
+    planned = tiny_model(0, layers=2)
+    modules = linear_modules(planned.model)
+    weights = {id(m.weight) for _, _, m in modules}
+    for parent, attr, module in modules:
+        setattr(parent, attr, PlannedLinear(module, dict.fromkeys(range(1, 65), name)))
+    assert {id(m.weight) for _, _, m in linear_modules(planned.model)} == weights
+    assert all(isinstance(m, PlannedLinear) for _, _, m in linear_modules(planned.model))
+    other = tiny_model(1, layers=1)
+    for drafter in (None, make_drafter("disagree", planned, other, 3, {}), make_drafter("early_exit_shared", planned,
+                                                                                        other, 2, {})):
+        out = generate(planned.model, prompts, drafter, SamplingConfig(), 16, [10**6], torch.Generator().manual_seed(0))
+        assert out.tokens == alone.tokens
+
+
+def test_the_plan_is_measured_once_per_machine_then_read(tmp_path, monkeypatch):
+    calls = []
+    real = matmul.time_formulations
+    monkeypatch.setattr(matmul, "time_formulations", lambda w, m, repeats=7: calls.append((shape_key(w), m)) or real(w, m, 2))
+    target = tiny_model(0, layers=1).model.float()
+    record = apply_plan(target, MatmulPlans(tmp_path, torch.device("cpu")), [1, 2, 3])
+    shapes = {shape_key(m.weight) for _, _, m in linear_modules(target)}
+    assert len(calls) == 3 * len(shapes) and set(record["choices"]) == shapes
+    assert all(set(c) == {1, 2, 3} and set(c.values()) <= set(FORMULATIONS) for c in record["choices"].values())
+    saved = json.loads(Path(record["plan_file"]).read_text())
+    assert saved["fingerprint"] == record["fingerprint"] and saved["fingerprint"]["cpu"]
+    assert all(set(saved["timings"][key]["1"]) == set(FORMULATIONS) for key in shapes)
+    # A second model of the same shapes reads the plan; only rows not yet measured are timed.
+    calls.clear()
+    again = apply_plan(tiny_model(1, layers=1).model.float(), MatmulPlans(tmp_path, torch.device("cpu")), [1, 2, 3, 4])
+    assert sorted(calls) == sorted((key, 4) for key in shapes)
+    assert {k: {m: c for m, c in v.items() if m < 4} for k, v in again["choices"].items()} == record["choices"]
+
+
+def test_runtime_settings_are_checked_and_recorded(tmp_path, monkeypatch):
+    from specexp.errors import UserInputError
+    from specexp.models import LoadedModel
+
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
+    with pytest.raises(UserInputError, match="runtime.max_planned_rows=0 is not allowed"):
+        HFRuntime(max_planned_rows=0)
+    target = LoadedModel(tiny_model(0, layers=1).model.float(), None, "tiny")
+    assert HFRuntime(matmul_plan=False).prepare(target, [1, 2]) == {"name": "hf", "matmul_plan": False,
+                                                                    "max_planned_rows": 64}
+    assert not any(isinstance(m, PlannedLinear) for _, _, m in linear_modules(target.model))
+    record = HFRuntime(max_planned_rows=2).prepare(target, [1, 2, 3])
+    assert all(set(c) == {1, 2} for c in record["choices"].values())  # 3 rows: F.linear, unplanned
+    assert (tmp_path / "plans").is_dir()
+
+
+@pytest.mark.default_target
+def test_a_study_records_its_runtime_and_plan(tmp_path):
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "specexp", "data.limit=1", "max_new_tokens=8", "draft.k=2",
+                          f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    runtime = summary["runtime"]
+    assert runtime["name"] == "hf" and runtime["matmul_plan"] and runtime["fingerprint"]["cpu"]
+    assert "49152x576:float32" in runtime["choices"] and set(runtime["choices"]["49152x576:float32"]) == {"1", "2", "3"}
+    assert summary["greedy_match"] == 1.0
