@@ -9,8 +9,9 @@ machine's plan chose (`specexp/runtime/matmul.py`), one with F.linear, measured 
 - T(n): one target pass over n new tokens after a 64-token prompt (the verify pass of a
   round with K = n - 1), median of repeats taken in turns, and T(n)/T(1);
 - AR decoding through our engine (both copies) and HF `generate` (the F.linear copy), ms/token;
-- the default study (MT-bench, greedy, batch 1) for prompt_lookup, distilled and
-  distilled_confident against AR, on each copy: alpha, verify cost, speedup.
+- the default study (MT-bench, greedy, batch 1) for prompt_lookup, distilled,
+  distilled_confident and target_prefix against AR, on each copy (on the planned one the
+  drafts' own fp32 models are planned too): alpha, verify cost, c, speedup.
 """
 
 import argparse
@@ -26,9 +27,9 @@ from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
-from specexp.drafts.small_lm import distilled_drafter
+from specexp.drafts.small_lm import distilled_drafter, target_prefix_drafter
 from specexp.models import cache_root, load_embedded_target
-from specexp.runtime import round_rows
+from specexp.runtime import HFRuntime, round_rows
 from specexp.runtime.matmul import MatmulPlans, apply_plan
 
 
@@ -117,7 +118,11 @@ def main() -> None:
     for copy_name, target in (("F.linear", linear), ("planned", planned)):
         methods = {"ar": (None, 0), "prompt_lookup K=4": (PromptLookupDrafter(target, k=4), 4),
                    "distilled K=1": (distilled_drafter(target, k=1), 1),
-                   "distilled_confident K=2": (distilled_drafter(target, k=2, min_confidence=0.4), 2)}
+                   "distilled_confident K=2": (distilled_drafter(target, k=2, min_confidence=0.4), 2),
+                   "target_prefix K=2": (target_prefix_drafter(target, n_layers=4, k=2), 2)}
+        if copy_name == "planned":  # as a study does: the draft's own fp32 models follow the plan too
+            for drafter, k in list(methods.values())[1:]:
+                HFRuntime().prepare(target, drafter, round_rows(1, k))
         results = interleaved_summaries(target, prompts, encoded, methods, SamplingConfig(), args.max_new_tokens, 0,
                                         desc=copy_name)
         for name, s in results.items():

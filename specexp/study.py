@@ -55,9 +55,8 @@ def prepare(cfg: DictConfig) -> Study:
     target = instantiate(cfg.target)
     if target.tokenizer is None:
         raise UserInputError(f"target '{target.name}' has no tokenizer; a study needs one to encode its prompts")
-    # Before the draft is built: drafts made of the target's modules then use the planned ones.
-    runtime = instantiate(cfg.runtime).prepare(target, round_rows(cfg.batch_size, cfg.draft.k))
     drafter = instantiate(cfg.draft)(target)
+    runtime = instantiate(cfg.runtime).prepare(target, drafter, round_rows(cfg.batch_size, drafter.k))
     encoded = encode_prompts(target.tokenizer, prompts, chat_template=cfg.chat_template)
     context = target.context_length
     for prompt, ids in zip(prompts, encoded, strict=False):

@@ -13,8 +13,8 @@ from torch import nn
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.runtime import HFRuntime, matmul, round_rows
-from specexp.runtime.matmul import FORMULATIONS, MatmulPlans, PlannedLinear, apply_plan, linear_modules, shape_key
+from specexp.runtime import HFRuntime, draft_models, matmul, round_rows
+from specexp.runtime.matmul import FORMULATIONS, MatmulPlans, apply_plan, linear_modules, plan_linear, shape_key
 from tests.conftest import tiny_model
 from tests.drafters import make_drafter
 
@@ -27,8 +27,9 @@ def test_every_formulation_is_the_same_product_as_f_linear(name, rows):
     g = torch.Generator().manual_seed(rows)
     w, b = torch.randn(300, 96, generator=g), torch.randn(300, generator=g)
     x = torch.randn(2, rows, 96, generator=g)
-    planned = PlannedLinear(nn.Linear(96, 300), {rows * 2: name})
+    planned = nn.Linear(96, 300)
     planned.weight, planned.bias = nn.Parameter(w), nn.Parameter(b)
+    plan_linear(planned, {rows * 2: name})
     # fp32 products of 96 terms: rounding differs by kernel, never by more than a few ulps of the sum
     torch.testing.assert_close(planned(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
     assert planned(x).is_contiguous()
@@ -45,16 +46,17 @@ def test_a_planned_target_decodes_exactly_as_before(name, prompts):
     batched and ragged; the tied weights stay the same Parameters."""
     target = tiny_model(0, layers=2)
     alone = generate(target.model, prompts, None, SamplingConfig(), 16, [10**6], torch.Generator().manual_seed(0))
-    planned = tiny_model(0, layers=2)
-    modules = linear_modules(planned.model)
-    weights = {id(m.weight) for _, _, m in modules}
-    for parent, attr, module in modules:
-        setattr(parent, attr, PlannedLinear(module, dict.fromkeys(range(1, 65), name)))
-    assert {id(m.weight) for _, _, m in linear_modules(planned.model)} == weights
-    assert all(isinstance(m, PlannedLinear) for _, _, m in linear_modules(planned.model))
-    other = tiny_model(1, layers=1)
-    for drafter in (None, make_drafter("disagree", planned, other, 3, {}), make_drafter("early_exit_shared", planned,
-                                                                                        other, 2, {})):
+    planned, other = tiny_model(0, layers=2), tiny_model(1, layers=1)
+    drafters = [None, make_drafter("disagree", planned, other, 3, {}), make_drafter("early_exit_shared", planned, other, 2, {}),
+                make_drafter("target_prefix", planned, other, 2, {})]
+    weights = {id(m.weight) for m in linear_modules(planned.model)}
+    for drafter in drafters:  # in place, after the drafts were built: their references see the plan
+        for module in (m for model in [planned.model, *draft_models(drafter)] for m in linear_modules(model)):
+            plan_linear(module, dict.fromkeys(range(1, 65), name))
+    assert {id(m.weight) for m in linear_modules(planned.model)} == weights
+    assert all(m.matmul_plan[1] == name for m in linear_modules(planned.model))
+    assert [len(draft_models(d)) for d in drafters] == [0, 1, 1, 1]  # a small LM; the exit head (made of the target's modules)
+    for drafter in drafters:
         out = generate(planned.model, prompts, drafter, SamplingConfig(), 16, [10**6], torch.Generator().manual_seed(0))
         assert out.tokens == alone.tokens
 
@@ -65,7 +67,7 @@ def test_the_plan_is_measured_once_per_machine_then_read(tmp_path, monkeypatch):
     monkeypatch.setattr(matmul, "time_formulations", lambda w, m, repeats=7: calls.append((shape_key(w), m)) or real(w, m, 2))
     target = tiny_model(0, layers=1).model.float()
     record = apply_plan(target, MatmulPlans(tmp_path, torch.device("cpu")), [1, 2, 3])
-    shapes = {shape_key(m.weight) for _, _, m in linear_modules(target)}
+    shapes = {shape_key(m.weight) for m in linear_modules(target)}
     assert len(calls) == 3 * len(shapes) and set(record["choices"]) == shapes
     assert all(set(c) == {1, 2, 3} and set(c.values()) <= set(FORMULATIONS) for c in record["choices"].values())
     saved = json.loads(Path(record["plan_file"]).read_text())
@@ -86,11 +88,15 @@ def test_runtime_settings_are_checked_and_recorded(tmp_path, monkeypatch):
     with pytest.raises(UserInputError, match="runtime.max_planned_rows=0 is not allowed"):
         HFRuntime(max_planned_rows=0)
     target = LoadedModel(tiny_model(0, layers=1).model.float(), None, "tiny")
-    assert HFRuntime(matmul_plan=False).prepare(target, [1, 2]) == {"name": "hf", "matmul_plan": False,
-                                                                    "max_planned_rows": 64}
-    assert not any(isinstance(m, PlannedLinear) for _, _, m in linear_modules(target.model))
-    record = HFRuntime(max_planned_rows=2).prepare(target, [1, 2, 3])
+    assert HFRuntime(matmul_plan=False).prepare(target, None, [1, 2]) == {"name": "hf", "matmul_plan": False,
+                                                                          "max_planned_rows": 64}
+    assert not any(hasattr(m, "matmul_plan") for m in linear_modules(target.model))
+    draft = make_drafter("disagree", target, LoadedModel(tiny_model(1, layers=1, hidden=48).model.float(), None, "d"),
+                         2, {})
+    record = HFRuntime(max_planned_rows=2).prepare(target, draft, [1, 2, 3])
     assert all(set(c) == {1, 2} for c in record["choices"].values())  # 3 rows: F.linear, unplanned
+    assert {"96x48:float32", "64x32:float32"} <= set(record["choices"])  # the draft's shapes and the target's
+    assert all(hasattr(m, "matmul_plan") for m in linear_modules(draft.draft.model))
     assert (tmp_path / "plans").is_dir()
 
 

@@ -1,12 +1,14 @@
 """How a model's step runs, the same for the AR baseline and every draft so ratios stay fair.
 
 Today one runtime, `runtime=hf`: transformers' own forward, with every Linear of the target
-written the way this machine's matmul plan chose for the row counts the run will use
-(`specexp/runtime/matmul.py`).
+and of the draft's models written the way this machine's matmul plan chose for the row counts
+the run will use (`specexp/runtime/matmul.py`).
 """
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from torch import nn
 
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root
@@ -31,11 +33,23 @@ class HFRuntime:
         if self.max_planned_rows < 1:
             raise UserInputError(f"runtime.max_planned_rows={self.max_planned_rows} is not allowed; it must be >= 1")
 
-    def prepare(self, target: LoadedModel, rows: Iterable[int]) -> dict:
-        """Set the target up for a run whose target passes have these row counts; returns the
-        settings and the plan for the run's record."""
+    def prepare(self, target: LoadedModel, drafter: object | None, rows: Iterable[int]) -> dict:
+        """Set the target and the draft's own models up for a run whose passes have these row
+        counts; returns the settings and the plan for the run's record."""
         record = {"name": "hf", "matmul_plan": self.matmul_plan, "max_planned_rows": self.max_planned_rows}
         if self.matmul_plan:
             planned = [m for m in rows if m <= self.max_planned_rows]
-            record |= apply_plan(target.model, MatmulPlans(cache_root() / "plans", target.model.device), planned)
+            models = [target.model, *draft_models(drafter)]
+            record |= apply_plan(models, MatmulPlans(cache_root() / "plans", target.model.device), planned)
         return record
+
+
+def draft_models(drafter: object | None) -> list[nn.Module]:
+    """The models a draft runs: the nn.Modules and LoadedModels among its attributes (a small LM,
+    an exit head). Int8 layers are not nn.Linear and keep their own kernel."""
+    found = []
+    for value in vars(drafter).values() if drafter is not None else ():
+        value = value.model if isinstance(value, LoadedModel) else value
+        if isinstance(value, nn.Module):
+            found.append(value)
+    return found

@@ -2,10 +2,11 @@
 ways of writing x W^T on this machine once, keep the fastest, cache the choice per machine.
 
 Why: the same product runs at very different speeds depending on how it is written and how
-many rows x has. Measured on a 2-core AMD EPYC (AVX-512), the lm head's [49152 x 576] weights:
-`F.linear` takes 5.9 ms for 1 row but 28 ms for 2 and 15 ms for 5, while `(W @ x.T).T` takes
-6.0 / 7.2 ms; which formulation wins depends on the CPU, the shape and the row count, so it is
-measured, not assumed. Every formulation computes the same product (equal within rounding).
+many rows x has. Measured on a 2-core AMD EPYC Zen 5 (AVX-512), the lm head's [49152 x 576]
+weights read cold: `F.linear` takes 6.2 ms for 1 row, 13.1 for 2 and 11.4 for 5, while
+`(W @ x.T).T` takes 2.9 ms for 2 rows and 3.6 for 5, and 2.9 for 1 row padded to 2. Which
+formulation wins depends on the CPU, the shape and the row count, so it is measured, not
+assumed. Every formulation computes the same product (equal within rounding).
 """
 
 import hashlib
@@ -14,12 +15,14 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from filelock import FileLock
 from torch import nn
+from tqdm.auto import tqdm
 
 
 def _w_xt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -107,32 +110,26 @@ def time_formulations(weight: torch.Tensor, rows: int, repeats: int = 7) -> dict
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-class PlannedLinear(nn.Module):
-    """An nn.Linear's weights (the same Parameters: tied weights stay tied) whose product is
-    written the way the plan chose for x's row count."""
-
-    def __init__(self, linear: nn.Linear, choices: dict[int, str]):
-        super().__init__()
-        self.weight, self.bias = linear.weight, linear.bias
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.choices = choices  # rows -> formulation name
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2d = x.reshape(-1, self.in_features)  # [m, in]
-        y = FORMULATIONS[self.choices.get(x2d.shape[0], DEFAULT)](x2d, self.weight)  # [m, out]
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+def planned_linear_forward(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)`` with the product written the way ``linear.matmul_plan`` chose for x's rows."""
+    x2d = x.reshape(-1, linear.in_features)  # [m, in]
+    y = FORMULATIONS[linear.matmul_plan.get(x2d.shape[0], DEFAULT)](x2d, linear.weight)  # [m, out]
+    if linear.bias is not None:
+        y = y + linear.bias
+    return y.reshape(*x.shape[:-1], linear.out_features)
 
 
-def linear_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
-    """(parent, attribute, module) of every nn.Linear (and PlannedLinear) in the model."""
-    found = []
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if isinstance(child, nn.Linear | PlannedLinear):
-                found.append((parent, name, child))
-    return found
+def plan_linear(linear: nn.Linear, choices: dict[int, str]) -> None:
+    """Make this very module follow ``choices`` (rows -> formulation). In place, so whatever holds
+    a reference to it (a draft made of the target's layers, a lean forward) uses the plan too;
+    its Parameters (tied weights) are untouched."""
+    linear.matmul_plan = choices
+    linear.forward = partial(planned_linear_forward, linear)
+
+
+def linear_modules(model: nn.Module) -> list[nn.Linear]:
+    """Every nn.Linear of the model, once each."""
+    return [module for module in model.modules() if isinstance(module, nn.Linear)]
 
 
 class MatmulPlans:
@@ -159,8 +156,6 @@ class MatmulPlans:
             plan = self._read()
             missing = [(key, m) for key in unique for m in rows if str(m) not in plan["choices"].get(key, {})]
             if missing:
-                from tqdm.auto import tqdm
-
                 for key, m in tqdm(missing, desc="timing matmul layouts (once per machine)", unit="shape"):
                     timings = time_formulations(unique[key], m)
                     plan["choices"].setdefault(key, {})[str(m)] = min(timings, key=timings.get)
@@ -171,11 +166,12 @@ class MatmulPlans:
         return {key: {m: plan["choices"][key][str(m)] for m in rows} for key in unique}
 
 
-def apply_plan(model: nn.Module, plans: MatmulPlans, rows: Iterable[int]) -> dict:
-    """Write every Linear of ``model`` as its plan says for these row counts. Returns what was
+def apply_plan(models: nn.Module | Iterable[nn.Module], plans: MatmulPlans, rows: Iterable[int]) -> dict:
+    """Write every Linear of the model(s) as the plan says for these row counts. Returns what was
     chosen, for the run's record: {shape key: {rows: formulation}} and the machine's fingerprint."""
-    modules = linear_modules(model)
-    choices = plans.choices_for((module.weight for _, _, module in modules), rows)
-    for parent, name, module in modules:
-        setattr(parent, name, PlannedLinear(module, choices[shape_key(module.weight)]))
+    models = [models] if isinstance(models, nn.Module) else list(models)
+    modules = [module for model in models for module in linear_modules(model)]
+    choices = plans.choices_for((module.weight for module in modules), rows)
+    for module in modules:
+        plan_linear(module, choices[shape_key(module.weight)])
     return {"fingerprint": plans.fingerprint, "plan_file": str(plans.path), "choices": choices}
