@@ -28,9 +28,8 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import distilled_drafter, target_prefix_drafter
-from specexp.models import cache_root, load_embedded_target
+from specexp.models import load_embedded_target
 from specexp.runtime import HFRuntime, round_rows
-from specexp.runtime.matmul import MatmulPlans, apply_plan
 
 
 def stream_bandwidth(n_bytes: int, repeats: int = 7) -> float:
@@ -77,8 +76,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
 
     linear, planned = load_embedded_target("float32", "cpu"), load_embedded_target("float32", "cpu")
-    record = apply_plan(planned.model, MatmulPlans(cache_root() / "plans", torch.device("cpu")),
-                        round_rows(1, args.max_n - 1))
+    record = HFRuntime().prepare(planned, None, round_rows(1, args.max_n - 1))  # as a study plans its target
     weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in linear.model.parameters()}.values())
     bandwidth = stream_bandwidth(weight_bytes)
     floor_ms = weight_bytes / bandwidth * 1e3

@@ -23,8 +23,9 @@ def round_rows(batch_size: int, k: int) -> list[int]:
 
 @dataclass
 class HFRuntime:
-    """runtime=hf: transformers' forward; ``matmul_plan`` writes each Linear of the target as the
-    machine's plan says for row counts up to ``max_planned_rows`` (F.linear above them)."""
+    """runtime=hf: transformers' forward; ``matmul_plan`` writes each Linear of the target and of
+    the draft's own models as the machine's plan says for row counts up to ``max_planned_rows``
+    (F.linear above them)."""
 
     matmul_plan: bool = True
     max_planned_rows: int = 64
