@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import decode_hf, decode_ours, interleaved_summaries, machine
+from common import decode_hf, decode_ours, interleaved_summaries, machine, stream_bandwidth
 
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
@@ -30,18 +30,6 @@ from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import distilled_drafter, target_prefix_drafter
 from specexp.models import load_embedded_target
 from specexp.runtime import HFRuntime, round_rows
-
-
-def stream_bandwidth(n_bytes: int, repeats: int = 7) -> float:
-    """Bytes/s of a sum over n_bytes of fp32 (each byte read once)."""
-    x = torch.ones(n_bytes // 4)
-    x.sum()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()
-        times.append(time.perf_counter() - start)
-    return n_bytes / statistics.median(times)
 
 
 @torch.inference_mode()
@@ -76,7 +64,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
 
     linear, planned = load_embedded_target("float32", "cpu"), load_embedded_target("float32", "cpu")
-    record = HFRuntime().prepare(planned, None, round_rows(1, args.max_n - 1))  # as a study plans its target
+    record = HFRuntime().prepare(planned, None, round_rows(1, args.max_n - 1)).record  # as a study plans its target
     weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in linear.model.parameters()}.values())
     bandwidth = stream_bandwidth(weight_bytes)
     floor_ms = weight_bytes / bandwidth * 1e3

@@ -18,8 +18,9 @@ from specexp.study import batch_record, round_table, summarize
 GREEDY = SamplingConfig()
 
 
-def decode_ours(target: LoadedModel, ids: list[int], drafter, max_new: int) -> GenerationOutput:
-    return generate(target.model, [ids], drafter, GREEDY, max_new, target.eos_token_ids,
+def decode_ours(target: LoadedModel, ids: list[int], drafter, max_new: int, forward=None) -> GenerationOutput:
+    """Greedy through our engine; ``forward``: the target's forward under a runtime (default: the model)."""
+    return generate(forward or target.model, [ids], drafter, GREEDY, max_new, target.eos_token_ids,
                     torch.Generator().manual_seed(0), target.pad_token_id)
 
 
@@ -33,13 +34,26 @@ def decode_hf(target: LoadedModel, ids: list[int], max_new: int, **kwargs) -> tu
     return out[0, len(ids):].tolist(), time.perf_counter() - start
 
 
+def stream_bandwidth(n_bytes: int, repeats: int = 7) -> float:
+    """Bytes/s of a sum over n_bytes of fp32 (each byte read once)."""
+    x = torch.ones(n_bytes // 4)
+    x.sum()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - start)
+    return n_bytes / statistics.median(times)
+
+
 def machine() -> str:
     return (f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
             f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}")
 
 
 def interleaved_summaries(target: LoadedModel, prompts: list[Prompt], encoded: list[list[int]], methods: dict,
-                          sampling: SamplingConfig, max_new: int, seed: int, desc: str = "") -> dict[str, dict]:
+                          sampling: SamplingConfig, max_new: int, seed: int, desc: str = "",
+                          forward=None) -> dict[str, dict]:
     """Decode every prompt with every method back to back, the order rotating per prompt so drift
     on a shared machine hits all alike. ``methods``: name -> (drafter or None, K), with "ar" (the
     baseline, drafter None) first. Returns per non-AR method the study's own `summarize` metrics,
@@ -49,7 +63,7 @@ def interleaved_summaries(target: LoadedModel, prompts: list[Prompt], encoded: l
     for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded, strict=True)), desc=desc)):
         for name in names[i % len(names):] + names[: i % len(names)]:
             drafter, k = methods[name]
-            out = generate(target.model, [ids], drafter, sampling, max_new, target.eos_token_ids,
+            out = generate(forward or target.model, [ids], drafter, sampling, max_new, target.eos_token_ids,
                            torch.Generator().manual_seed(seed + i), target.pad_token_id)
             mode = "ar" if drafter is None else "spec"
             rounds[name].append(round_table(out, [prompt], mode, i, k))

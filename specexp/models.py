@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specexp.draft_vocab import DraftVocab
@@ -72,8 +73,29 @@ def _looks_like_path(name_or_path: str) -> bool:
     return name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1
 
 
-def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", gguf_file: str | None = None) -> LoadedModel:
-    """A causal LM and its tokenizer from a local folder or a hub name (the same code path)."""
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(device_map) -> str | dict | None:
+    """None, one of accelerate's strategies, or an explicit {module name: device} map."""
+    if device_map is None or isinstance(device_map, dict) or device_map in DEVICE_MAPS:
+        return device_map
+    raise UserInputError(f"target.device_map='{device_map}' is not allowed; choose one of {', '.join(DEVICE_MAPS)}, "
+                         f"an explicit {{module: device}} map, or null")
+
+
+def spread_over_devices(model: nn.Module) -> bool:
+    """Whether accelerate placed the model's modules on more than one device (target.device_map)."""
+    return len(set(map(str, (getattr(model, "hf_device_map", None) or {}).values()))) > 1
+
+
+def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", gguf_file: str | None = None,
+               device_map: str | dict | None = None, offload_folder: str | None = None) -> LoadedModel:
+    """A causal LM and its tokenizer from a local folder or a hub name (the same code path).
+
+    ``device_map`` (accelerate: auto, balanced, balanced_low_0, sequential, or {module: device})
+    spreads a target too large for one device over several GPUs, or GPU and CPU; ``device`` then
+    only picks the dtype default; modules mapped to "disk" are kept in ``offload_folder``."""
     local = Path(name_or_path).expanduser()
     if not local.exists() and _looks_like_path(name_or_path):
         raise UserInputError(
@@ -81,8 +103,10 @@ def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", ggu
         )
     source = str(local) if local.exists() else name_or_path
     torch_device = resolve_device(device)
+    device_map = check_device_map(dict(device_map) if hasattr(device_map, "items") else device_map)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=resolve_dtype(dtype, torch_device))
+        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=resolve_dtype(dtype, torch_device),
+                                                     device_map=device_map, offload_folder=offload_folder)
     except (OSError, ValueError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserInputError(f"could not load model '{name_or_path}': {reason}") from e
@@ -90,7 +114,9 @@ def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", ggu
         tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
     except (OSError, ValueError, TypeError):
         tokenizer = None  # a model folder without a tokenizer still works on token ids
-    return LoadedModel(model=model.to(torch_device).eval(), tokenizer=tokenizer, name=name_or_path,
+    if device_map is None:
+        model = model.to(torch_device)
+    return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name_or_path,
                        draft_vocab=DraftVocab.load(local) if local.is_dir() else None)
 
 

@@ -6,6 +6,7 @@ alternating) so that drift in machine speed hits both alike.
 """
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
@@ -39,6 +40,7 @@ class Study:
     batch_size: int
     batch_by_category: bool
     seed: int
+    forward: Callable  # the target's forward under the runtime (its lean decoder, or the model)
     runtime: dict  # the runtime's settings and matmul plan, recorded in summary.json
 
 
@@ -68,7 +70,7 @@ def prepare(cfg: DictConfig) -> Study:
                 f"it exceeds the target's context of {context} tokens"
             )
     return Study(target, drafter, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
-                 cfg.batch_by_category, cfg.seed, runtime)
+                 cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record)
 
 
 def make_batches(prompts: list[Prompt], batch_size: int, by_category: bool = True) -> list[list[int]]:
@@ -189,7 +191,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
 
     def decode(indices: list[int], with_draft: bool, seed: int, max_new: int) -> GenerationOutput:
         generator = torch.Generator(device=target.model.device).manual_seed(seed)
-        return generate(target.model, [study.encoded[i] for i in indices], drafter if with_draft else None,
+        return generate(study.forward, [study.encoded[i] for i in indices], drafter if with_draft else None,
                         study.sampling, max_new, eos, generator, pad)
 
     if warmup:  # first calls allocate and pick kernels; keep them out of the timings

@@ -73,19 +73,27 @@ def reduced_vocab_copy(model: LoadedModel, keep_every: int = 2) -> LoadedModel:
 def random_exit_head(target: LoadedModel, exit_layer: int, keep_every: int = 2, seed: int = 0):
     """A "trained" exit head without training: a random non-zero adapter and a reduced vocabulary
     (every keep_every-th id + EOS), so its q is neither the untrained head's nor full-support."""
-    from specexp.core.layers import decoder_parts
     from specexp.draft_vocab import DraftVocab
     from specexp.drafts.exit_head import ExitHead
+    from specexp.runtime.decoder import lean_decoder
 
     kept = sorted(set(range(0, target.vocab_size, keep_every)) | {EOS})
     torch.manual_seed(seed)  # the adapter's first layer is initialised from the global generator
-    head = ExitHead.trainable(decoder_parts(target.model), exit_layer, adapter_size=16,
+    head = ExitHead.trainable(lean_decoder(target.model), exit_layer, adapter_size=16,
                               draft_vocab=DraftVocab(kept, target.vocab_size))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in head.adapter[-1].parameters():
             param.copy_(0.3 * torch.randn(param.shape, generator=g))
     return head.to(target.model.dtype).eval()
+
+@pytest.fixture(scope="session")
+def embedded_target() -> LoadedModel:
+    """The shipped default target (SmolLM2-135M-Instruct) in fp32 on the CPU."""
+    from specexp.models import load_embedded_target
+
+    return load_embedded_target("float32", "cpu")
+
 
 @pytest.fixture(scope="session")
 def other_draft(target) -> LoadedModel:

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from specexp.core.engine import generate
-from specexp.core.layers import decoder_parts, final_logits, run_layers
 from specexp.core.sampling import SamplingConfig
 from specexp.distill.data import token_blocks
 from specexp.distill.module import DistillModule
 from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
 from specexp.drafts.exit_head import HEAD_CONFIG, ExitHead, exit_head_student
 from specexp.errors import UserInputError
+from specexp.runtime.decoder import lean_decoder
 from tests.conftest import EOS, random_exit_head, tiny_model
 from tests.test_distill import fit_and_validate, target_documents
 
@@ -49,11 +49,11 @@ def test_split_forward_equals_the_models_forward(deep_target, exit_layer):
     model = deep_target.model
     ids = torch.tensor([[5, 9, 2, 7, 7, 30], [4, 4, 8, 1, 60, 3]])
     positions = torch.arange(6)[None].expand(2, 6)
-    parts = decoder_parts(model)
-    hidden = run_layers(parts, parts.embed_tokens(ids), range(exit_layer), None, None, positions)
-    hidden = run_layers(parts, hidden, range(exit_layer, parts.n_layers), None, None, positions)
+    decoder = lean_decoder(model)
+    hidden = decoder.run_layers(decoder.embed(ids), range(exit_layer), None, None, positions)
+    hidden = decoder.run_layers(hidden, range(exit_layer, decoder.n_layers), None, None, positions)
     with torch.no_grad():
-        torch.testing.assert_close(final_logits(parts, hidden), model(ids).logits, rtol=0, atol=1e-10)
+        torch.testing.assert_close(decoder.logits(hidden), model(ids).logits, rtol=0, atol=1e-10)
 
 
 class RecordingSharedDrafter(SharedEarlyExitDrafter):
@@ -63,9 +63,10 @@ class RecordingSharedDrafter(SharedEarlyExitDrafter):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_error, self.passes, self.ctx = 0.0, 0, None
-        self.positions = [0] * self.parts.n_layers
-        self.hooks = [layer.register_forward_hook(lambda mod, args, out, i=i: self._count(i, args[0]))
-                      for i, layer in enumerate(self.parts.layers)]
+        self.positions = [0] * self.decoder.n_layers
+        # o_proj runs once per layer and pass, on [B, T, H]: a count of the positions each layer ran
+        self.hooks = [w.layer.self_attn.o_proj.register_forward_hook(lambda mod, args, out, i=i: self._count(i, args[0]))
+                      for i, w in enumerate(self.decoder.layers)]
 
     def remove_hooks(self):
         for hook in self.hooks:
@@ -118,7 +119,7 @@ def test_shared_mode_never_recomputes_the_early_layers(deep_target, prompts, exi
     """Per round, layers below the exit see K+1 positions (K drafting steps + x_K) and the layers
     above it K+1: a full target pass would add K+1 more to every early layer."""
     k = 3
-    drafter = RecordingSharedDrafter(deep_target, ExitHead.untrained(decoder_parts(deep_target.model), exit_layer), k=k)
+    drafter = RecordingSharedDrafter(deep_target, ExitHead.untrained(lean_decoder(deep_target.model), exit_layer), k=k)
     drafter.parts_model = lambda ids: type("Out", (), {"logits": torch.zeros(1, ids.shape[1], 64)})  # no checking
     out = _gen(deep_target, prompts, drafter)
     drafter.remove_hooks()

@@ -1,28 +1,39 @@
-"""The ragged KV cache: after any sequence of appends and rewinds, logits match a fresh forward."""
+"""The ragged KV caches: after any sequence of appends and rewinds, logits match a fresh forward."""
 
 import pytest
 import torch
 
-from specexp.core.kv import RaggedKV
-from specexp.drafts.lean_llama import LeanLlama
+from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
+from specexp.runtime.decoder import lean_decoder
+
+# (forward, cache): transformers' forward on its DynamicCache (runtime=hf), the lean decoder on the
+# same, and the lean decoder on the static cache (runtime=lean), started small so it must grow.
+SETUPS = ["hf-dynamic", "lean-dynamic", "lean-static"]
 
 
-@pytest.mark.parametrize("forward", ["hf", "lean"])
-def test_rewound_cache_gives_fresh_forward_logits(target, forward):
-    """Through HF's forward or the drafts' lean one (tested against HF's on each row alone)."""
+def make(target, setup: str, batch_size: int):
+    model = target.model if setup.startswith("hf") else lean_decoder(target.model)
+    if setup.endswith("static"):
+        return model, StaticRaggedKV.for_model(model, batch_size, capacity=4, device=torch.device("cpu"))
+    return model, RaggedKV.empty(target.model, batch_size, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_rewound_cache_gives_fresh_forward_logits(target, setup):
+    """B = 3 left-padded rows, rounds of 1..9 tokens (K = 0..8) with per-row rewinds, like ragged
+    accepts; each probe's logits equal HF's forward of that row alone, with no cache."""
     g = torch.Generator().manual_seed(0)
     V = target.vocab_size
-    model = target.model if forward == "hf" else LeanLlama(target.model)
+    model, kv = make(target, setup, 3)
     prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
     P = max(map(len, prompts))
     ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
     committed = [list(p) for p in prompts]
-    kv = RaggedKV.empty(model, 3, torch.device("cpu"))
     with torch.no_grad():
         kv.forward(model, ids, mask)
         for _step in range(12):
-            T = int(torch.randint(1, 5, (1,), generator=g))
+            T = int(torch.randint(1, 10, (1,), generator=g))
             new = torch.randint(2, V, (3, T), generator=g)
             kv.forward(model, new)
             drop = torch.randint(0, T + 1, (3,), generator=g)  # per-row rewinds, like ragged accepts
@@ -37,15 +48,38 @@ def test_rewound_cache_gives_fresh_forward_logits(target, forward):
             for b in range(3):
                 fresh = target.model(torch.tensor([committed[b] + probe[b].tolist()])).logits[0, -1]
                 torch.testing.assert_close(cached[b], fresh, rtol=1e-9, atol=1e-9)
-    # Slots no row uses are cropped: the cache never holds more than the longest row + holes.
-    assert kv.mask.shape[1] == kv.cache.get_seq_length()
+    # Slots no row uses are given back: the cache never holds more than the longest row + holes.
+    held = kv.cache.get_seq_length() if isinstance(kv, RaggedKV) else max(kv.layer_length)
+    assert kv.mask.shape[1] == held
+    if isinstance(kv, StaticRaggedKV):
+        assert kv.capacity > 4  # it grew
 
 
-def test_single_row_cache_stays_dense(target):
-    kv = RaggedKV.empty(target.model, 1, torch.device("cpu"))
+@pytest.mark.parametrize("setup", SETUPS)
+def test_single_row_cache_stays_dense(target, setup):
+    model, kv = make(target, setup, 1)
     with torch.no_grad():
-        kv.forward(target.model, torch.tensor([[3, 4, 5]]))
+        kv.forward(model, torch.tensor([[3, 4, 5]]))
         for drop in (2, 0, 3):
-            kv.forward(target.model, torch.tensor([[6, 7, 8]]))
+            kv.forward(model, torch.tensor([[6, 7, 8]]))
             kv.drop_last(torch.tensor([drop]))
-    assert kv.mask.shape[1] == int(kv.n_valid) == kv.cache.get_seq_length() == 3 + 1 + 3 + 0
+    assert kv.mask.shape[1] == int(kv.n_valid) == 3 + 1 + 3 + 0
+
+
+def test_static_rewind_moves_an_index_and_copies_nothing(target):
+    model = lean_decoder(target.model)
+    kv = new_ragged_kv(model, 2, torch.device("cpu"), capacity=32)
+    assert isinstance(kv, StaticRaggedKV)
+    with torch.no_grad():
+        kv.forward(model, torch.tensor([[3, 4, 5], [6, 7, 8]]))
+        keys, values = kv.keys.data_ptr(), kv.values.data_ptr()
+        kv.forward(model, torch.tensor([[9, 10, 11, 12], [13, 14, 15, 16]]))
+        kv.drop_last(torch.tensor([4, 1]))  # row 0 keeps none of the 4, row 1 keeps 3
+    assert (kv.keys.data_ptr(), kv.values.data_ptr()) == (keys, values)  # written in place, never copied
+    assert kv.length == 6 and kv.layer_length == [6, 6]
+    assert kv.mask.tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]]
+    assert kv.n_valid.tolist() == [3, 6]
+
+
+def test_transformers_models_get_a_dynamic_cache(target):
+    assert isinstance(new_ragged_kv(target.model, 1, torch.device("cpu"), capacity=8), RaggedKV)

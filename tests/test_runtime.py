@@ -13,7 +13,8 @@ from torch import nn
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.runtime import HFRuntime, draft_models, matmul, round_rows
+from specexp.runtime import HFRuntime, LeanRuntime, draft_models, matmul, round_rows
+from specexp.runtime.decoder import lean_decoder
 from specexp.runtime.matmul import FORMULATIONS, MatmulPlans, apply_plan, linear_modules, plan_linear, shape_key
 from tests.conftest import tiny_model
 from tests.drafters import make_drafter
@@ -88,16 +89,48 @@ def test_runtime_settings_are_checked_and_recorded(tmp_path, monkeypatch):
     with pytest.raises(UserInputError, match="runtime.max_planned_rows=0 is not allowed"):
         HFRuntime(max_planned_rows=0)
     target = LoadedModel(tiny_model(0, layers=1).model.float(), None, "tiny")
-    assert HFRuntime(matmul_plan=False).prepare(target, None, [1, 2]) == {"name": "hf", "matmul_plan": False,
-                                                                          "max_planned_rows": 64}
+    unplanned = HFRuntime(matmul_plan=False).prepare(target, None, [1, 2])
+    assert unplanned.record == {"name": "hf", "matmul_plan": False, "max_planned_rows": 64}
+    assert unplanned.forward is target.model
     assert not any(hasattr(m, "matmul_plan") for m in linear_modules(target.model))
     draft = make_drafter("disagree", target, LoadedModel(tiny_model(1, layers=1, hidden=48).model.float(), None, "d"),
                          2, {})
-    record = HFRuntime(max_planned_rows=2).prepare(target, draft, [1, 2, 3])
+    record = HFRuntime(max_planned_rows=2).prepare(target, draft, [1, 2, 3]).record
     assert all(set(c) == {1, 2} for c in record["choices"].values())  # 3 rows: F.linear, unplanned
     assert {"96x48:float32", "64x32:float32"} <= set(record["choices"])  # the draft's shapes and the target's
     assert all(hasattr(m, "matmul_plan") for m in linear_modules(draft.draft.model))
+    assert all(hasattr(m, "matmul_plan") for m in draft.forward_model.linears())  # its lean decoder's fused ones too
     assert (tmp_path / "plans").is_dir()
+
+
+def test_the_lean_runtime_runs_the_target_through_its_planned_decoder(tmp_path, monkeypatch, prompts):
+    from specexp.models import LoadedModel
+
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
+    target = LoadedModel(tiny_model(0, layers=2).model.float(), None, "tiny")
+    reference = generate(target.model, prompts, None, SamplingConfig(), 12, [10**6], torch.Generator().manual_seed(0))
+    prepared = LeanRuntime().prepare(target, None, [1, 2])
+    assert prepared.forward is lean_decoder(target.model)
+    assert prepared.record["name"] == "lean" and prepared.record["fuse_projections"]
+    assert all(m.matmul_plan.keys() == {1, 2} for m in prepared.forward.linears())  # fused q/k/v, gate/up, head, ...
+    assert "64x32:float32" in prepared.record["choices"]  # fused gate/up: 2 x 32 rows
+    out = generate(prepared.forward, prompts, None, SamplingConfig(), 12, [10**6], torch.Generator().manual_seed(0))
+    assert out.tokens == reference.tokens
+
+
+def test_the_lean_runtime_falls_back_to_transformers_for_other_architectures(tmp_path, monkeypatch, caplog):
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    from specexp.models import LoadedModel
+
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
+    config = GemmaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    target = LoadedModel(GemmaForCausalLM(config).eval(), None, "tiny-gemma")
+    prepared = LeanRuntime(matmul_plan=False).prepare(target, None, [1])
+    assert prepared.forward is target.model
+    assert prepared.record["name"] == "hf" and "model_type 'gemma'" in prepared.record["fallback_reason"]
+    assert "runtime=lean cannot run tiny-gemma" in caplog.text
 
 
 @pytest.mark.default_target
@@ -108,6 +141,7 @@ def test_a_study_records_its_runtime_and_plan(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     runtime = summary["runtime"]
-    assert runtime["name"] == "hf" and runtime["matmul_plan"] and runtime["fingerprint"]["cpu"]
+    assert runtime["name"] == "lean" and runtime["matmul_plan"] and runtime["fingerprint"]["cpu"]
     assert "49152x576:float32" in runtime["choices"] and set(runtime["choices"]["49152x576:float32"]) == {"1", "2", "3"}
+    assert "960x576:float32" in runtime["choices"]  # the fused q/k/v projection
     assert summary["greedy_match"] == 1.0

@@ -9,10 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedModel
 
 from specexp.core.interface import Context, Drafter, Proposal, SharesTargetPass
-from specexp.core.kv import RaggedKV
+from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.core.verify import speculative_verify
 
@@ -77,7 +76,7 @@ def _commit(ctx: Context, new: torch.Tensor, n_accepted: torch.Tensor, eos: torc
 
 @torch.inference_mode()
 def generate(
-    target: PreTrainedModel,
+    target: Callable,  # a causal LM, or the lean runtime's decoder of one
     prompts: list[list[int]],
     drafter: Drafter | None,
     sampling: SamplingConfig,
@@ -93,7 +92,9 @@ def generate(
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt must have at least one token")
     device = target.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    # Every GPU: a device_map target's pass ends on its last one.
+    sync = (lambda: [torch.cuda.synchronize(i) for i in range(torch.cuda.device_count())]) if device.type == "cuda" \
+        else (lambda: None)
     B = len(prompts)
     vocab_size = target.config.get_text_config().vocab_size
     k_max = drafter.k if drafter is not None else 0
@@ -116,8 +117,8 @@ def generate(
 
     # The prompt pass gives p for the first new token: a round without a draft. From then
     # on the target cache holds every committed token but the tip, whose p comes next round.
-    kv = RaggedKV.empty(target, B, device)
-    first_probs = logits_to_probs(kv.forward(target, prompt_ids, prompt_mask), sampling)  # [B, 1, V]
+    kv = new_ragged_kv(target, B, device, capacity=buf.shape[1])
+    first_probs = logits_to_probs(kv.forward(target, prompt_ids, prompt_mask).to(device), sampling)  # [B, 1, V]
     _, tip = speculative_verify(no_draft.tokens, no_draft.probs, first_probs, generator)  # [B]
     _, generated = _commit(ctx, tip[:, None], torch.zeros_like(tip), eos, max_new_tokens, generated)
     shared_pass = isinstance(drafter, SharesTargetPass)
@@ -144,7 +145,7 @@ def generate(
             logits = drafter.target_forward(inputs)
         else:
             logits = kv.forward(target, inputs, logits_to_keep=K + 1)  # [B, K+1, V]
-        target_probs = logits_to_probs(logits, sampling)
+        target_probs = logits_to_probs(logits.to(device), sampling)  # a device_map target's logits are on its last device
         sync()
         t2 = clock()
 

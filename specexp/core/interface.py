@@ -6,7 +6,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from specexp.core.kv import RaggedKV
+from specexp.core.kv import RaggedKV, StaticRaggedKV
 from specexp.core.sampling import SamplingConfig
 
 
@@ -72,7 +72,7 @@ class SharesTargetPass(Protocol):
     runs the round's target pass itself and computes only what drafting left out.
     """
 
-    def attach(self, kv: RaggedKV) -> None:
+    def attach(self, kv: RaggedKV | StaticRaggedKV) -> None:
         """Take the target's cache (after the prompt pass, before reset)."""
 
     def target_forward(self, inputs: torch.Tensor) -> torch.Tensor:

@@ -14,12 +14,11 @@ from pathlib import Path
 import torch
 
 from specexp.core.interface import Context, Drafter, Proposal
-from specexp.core.kv import RaggedKV
-from specexp.core.layers import decoder_parts, final_logits, run_layers
+from specexp.core.kv import RaggedKV, StaticRaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.draft_vocab import sample_draft
 from specexp.drafts.base import check_k
-from specexp.drafts.exit_head import EarlyExitModel, ExitHead
+from specexp.drafts.exit_head import EarlyExitModel, ExitHead, target_decoder
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
@@ -38,11 +37,11 @@ class SharedEarlyExitDrafter:
     def __init__(self, target: LoadedModel, head: ExitHead, k: int = 2):
         check_k(k)
         self.k, self.head = k, head
-        self.parts = decoder_parts(target.model)
-        self.kv: RaggedKV | None = None
+        self.decoder = target_decoder(target.model)
+        self.kv: RaggedKV | StaticRaggedKV | None = None
         self.exit_hidden: torch.Tensor | None = None  # [B, K, H]: layer-L states of tip, x_1..x_{K-1}
 
-    def attach(self, kv: RaggedKV) -> None:
+    def attach(self, kv: RaggedKV | StaticRaggedKV) -> None:
         self.kv = kv
 
     def reset(self, ctx: Context) -> None:
@@ -57,8 +56,8 @@ class SharedEarlyExitDrafter:
         tokens, probs, hidden = [], [], []
         for i in range(self.k):
             mask = torch.cat([mask, ones], dim=1)  # layers 0..L-1 grow one slot per step
-            h = run_layers(self.parts, self.parts.embed_tokens(x), range(self.head.exit_layer), self.kv.cache,
-                           mask, position + i)  # [B, 1, H]
+            h = self.decoder.run_layers(self.decoder.embed(x), range(self.head.exit_layer), self.kv, mask,
+                                        position + i)  # [B, 1, H]
             token, q = sample_draft(self.head(h[:, -1]), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
             x = token[:, None]
             tokens.append(x)
@@ -71,13 +70,13 @@ class SharedEarlyExitDrafter:
     @torch.inference_mode()
     def target_forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The target's logits [B, K+1, V] over [tip, x_1..x_K], computing only what drafting did not."""
-        L, N = self.head.exit_layer, self.parts.n_layers
+        L, N = self.head.exit_layer, self.decoder.n_layers
         positions = self.kv.extend(torch.ones_like(inputs))  # [B, K+1]; every layer ends at these slots
-        last = run_layers(self.parts, self.parts.embed_tokens(inputs[:, -1:]), range(L), self.kv.cache,
-                          self.kv.mask, positions[:, -1:])  # x_K, never drafted from: [B, 1, H]
+        last = self.decoder.run_layers(self.decoder.embed(inputs[:, -1:]), range(L), self.kv, self.kv.mask,
+                                       positions[:, -1:])  # x_K, never drafted from: [B, 1, H]
         hidden = torch.cat([self.exit_hidden, last], dim=1)  # [B, K+1, H] at layer L
-        hidden = run_layers(self.parts, hidden, range(L, N), self.kv.cache, self.kv.mask, positions)
-        return final_logits(self.parts, hidden)
+        hidden = self.decoder.run_layers(hidden, range(L, N), self.kv, self.kv.mask, positions)
+        return self.decoder.logits(hidden)
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         self.exit_hidden = None  # the engine's rewind already cropped the shared cache
@@ -86,11 +85,10 @@ class SharedEarlyExitDrafter:
 def resolve_head(target: LoadedModel, head: str, exit_layer: int | None) -> ExitHead:
     """'untrained' (the target's own norm + LM head at exit_layer), 'trained' (the head shipped for
     the default target at exit_layer), or the path of a head folder (its own exit layer)."""
-    parts = decoder_parts(target.model)
     if head == "untrained":
         if exit_layer is None:
             raise UserInputError("draft.exit_layer is required with draft.head=untrained")
-        return ExitHead.untrained(parts, exit_layer)
+        return ExitHead.untrained(target_decoder(target.model), exit_layer)
     if head == "trained":
         if exit_layer is None:
             raise UserInputError("draft.exit_layer is required with draft.head=trained")

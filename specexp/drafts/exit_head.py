@@ -16,11 +16,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 
-from specexp.core.layers import DecoderParts, check_exit_layer, decoder_parts, run_layers
 from specexp.draft_vocab import DraftVocab, restrict_rows
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.ngram.corpus import vocab_fingerprint
+from specexp.runtime.decoder import LeanDecoder, lean_decoder
 
 HEAD_CONFIG = "exit_head.json"
 HEAD_WEIGHTS = "exit_head.safetensors"
@@ -44,20 +44,20 @@ class ExitHead(nn.Module):
             nn.init.zeros_(self.adapter[-1].bias)
 
     @classmethod
-    def untrained(cls, parts: DecoderParts, exit_layer: int) -> "ExitHead":
-        check_exit_layer(parts, exit_layer)
-        return cls(exit_layer, parts.norm, parts.lm_head)
+    def untrained(cls, decoder: LeanDecoder, exit_layer: int) -> "ExitHead":
+        decoder.check_exit_layer(exit_layer)
+        return cls(exit_layer, decoder.norm, decoder.lm_head)
 
     @classmethod
-    def trainable(cls, parts: DecoderParts, exit_layer: int, adapter_size: int = 256,
+    def trainable(cls, decoder: LeanDecoder, exit_layer: int, adapter_size: int = 256,
                   draft_vocab: DraftVocab | None = None, fingerprint: str | None = None) -> "ExitHead":
         """Copies of the target's norm and LM head (rows cut to the draft vocabulary), fp32."""
-        check_exit_layer(parts, exit_layer)
-        weight = restrict_rows(parts.lm_head.weight, draft_vocab)  # [C, H]
+        decoder.check_exit_layer(exit_layer)
+        weight = restrict_rows(decoder.lm_head.weight, draft_vocab)  # [C, H]
         lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
         lm_head.weight = nn.Parameter(weight)
-        head = cls(exit_layer, copy.deepcopy(parts.norm).float(), lm_head, adapter_size, draft_vocab, fingerprint)
-        return head.to(parts.lm_head.weight.device)
+        head = cls(exit_layer, copy.deepcopy(decoder.norm).float(), lm_head, adapter_size, draft_vocab, fingerprint)
+        return head.to(decoder.device)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden.to(self.lm_head.weight.dtype)  # a trained head may differ from the trunk (fp32 vs bf16)
@@ -89,15 +89,24 @@ class ExitHead(nn.Module):
             raise UserInputError(f"exit head '{folder}' does not exist (no {HEAD_CONFIG} there); "
                                  f"give a folder written by `python -m specexp.distill student=exit_head`")
         config = json.loads((folder / HEAD_CONFIG).read_text())
-        parts = decoder_parts(target.model)
+        decoder = target_decoder(target.model)
         fingerprint = vocab_fingerprint(target)
-        if config["hidden_size"] != parts.config.hidden_size or config["vocab_fingerprint"] not in (None, fingerprint):
+        hidden_size = decoder.config.get_text_config().hidden_size
+        if config["hidden_size"] != hidden_size or config["vocab_fingerprint"] not in (None, fingerprint):
             raise UserInputError(f"exit head '{folder}' was trained for another target (hidden size "
                                  f"{config['hidden_size']}, {config['vocab_fingerprint']}); '{target.name}' has "
-                                 f"{parts.config.hidden_size} and {fingerprint}")
-        head = cls.trainable(parts, config["exit_layer"], config["adapter_size"], DraftVocab.load(folder), fingerprint)
+                                 f"{hidden_size} and {fingerprint}")
+        head = cls.trainable(decoder, config["exit_layer"], config["adapter_size"], DraftVocab.load(folder), fingerprint)
         head.load_state_dict(load_file(folder / HEAD_WEIGHTS))
         return head.to(target.model.device, target.model.dtype).eval()
+
+
+def target_decoder(model: nn.Module) -> LeanDecoder:
+    """The target's lean decoder, whose layers an exit head reads, split at any layer."""
+    try:
+        return lean_decoder(model)
+    except UserInputError as e:
+        raise UserInputError(f"early exit needs a Llama-shaped target: {e}") from None
 
 
 class EarlyExitModel(nn.Module):
@@ -110,11 +119,12 @@ class EarlyExitModel(nn.Module):
     """
 
     reads_target_ids = True
+    takes_static_cache = True  # core.kv.new_ragged_kv: its layers run through the target's lean decoder
 
     def __init__(self, target_model: nn.Module, head: ExitHead, target_space_logits: bool = True):
         super().__init__()
         self._target = (target_model,)  # a tuple: not registered as a submodule
-        self.parts = decoder_parts(target_model)
+        self.decoder = target_decoder(target_model)
         self.config = target_model.config
         self.head = head
         self.target_space_logits = target_space_logits
@@ -123,16 +133,17 @@ class EarlyExitModel(nn.Module):
     def device(self) -> torch.device:
         return self._target[0].device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.dtype
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, cache=None, use_cache: bool = False,
-                logits_to_keep: int = 0, **_) -> CausalLMOutput:
+                position_ids: torch.Tensor | None = None, cache=None, logits_to_keep: int = 0, **_) -> CausalLMOutput:
         B, T = input_ids.shape
-        if position_ids is None:
-            past = cache.get_seq_length() if cache is not None else 0
-            position_ids = (torch.arange(T, device=input_ids.device) + past)[None].expand(B, T)
-        hidden = self.parts.embed_tokens(input_ids)  # [B, T, H]
-        hidden = run_layers(self.parts, hidden, range(self.head.exit_layer), cache if use_cache else None,
-                            attention_mask, position_ids)
+        if position_ids is None:  # no cache: a whole sequence (distillation)
+            position_ids = torch.arange(T, device=input_ids.device)[None].expand(B, T)
+        hidden = self.decoder.embed(input_ids)  # [B, T, H]
+        hidden = self.decoder.run_layers(hidden, range(self.head.exit_layer), cache, attention_mask, position_ids)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.head.target_logits(hidden) if self.target_space_logits else self.head(hidden)
@@ -146,8 +157,7 @@ def exit_head_student(target: LoadedModel, exit_layer: int, adapter_size: int = 
                       draft_vocab: DraftVocab | None = None) -> LoadedModel:
     """A distillation student (`student=exit_head`): a trainable head over the frozen target's
     layer-`exit_layer` hidden states; `python -m specexp.distill` exports it as a head folder."""
-    parts = decoder_parts(target.model)
-    head = ExitHead.trainable(parts, exit_layer, adapter_size, draft_vocab, vocab_fingerprint(target))
+    head = ExitHead.trainable(target_decoder(target.model), exit_layer, adapter_size, draft_vocab, vocab_fingerprint(target))
     model = EarlyExitModel(target.model, head, target_space_logits=False)
     return LoadedModel(model=model.train(), tokenizer=target.tokenizer, name=f"exit-head-L{exit_layer}",
                        draft_vocab=draft_vocab)

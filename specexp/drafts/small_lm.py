@@ -6,15 +6,15 @@ from pathlib import Path
 import torch
 
 from specexp.core.interface import Context, Proposal
-from specexp.core.kv import RaggedKV
+from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.sampling import SamplingConfig
 from specexp.draft_vocab import DraftVocab, sample_draft
 from specexp.drafts.base import check_k, check_min_confidence
-from specexp.drafts.lean_llama import LeanLlama, supports_lean_forward
 from specexp.drafts.quantize import quantize_linears
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, first_layers, load_model
 from specexp.ngram.corpus import vocab_fingerprint
+from specexp.runtime.decoder import lean_decoder, unsupported_reason
 
 
 def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
@@ -79,17 +79,19 @@ class SmallLMDrafter:
             model = load_model(model, dtype=dtype, device=device or str(target.model.device))
         check_same_vocabulary(model, target)
         self.draft = dataclasses.replace(model, model=quantize_linears(model.model, quantize))
-        # The draft's step is its whole cost c: a Llama draft skips HF's per-call plumbing (same weights, same cache).
-        self.forward_model = LeanLlama(self.draft.model) if supports_lean_forward(self.draft.model) else self.draft.model
+        # The draft's step is its whole cost c: a Llama-shaped draft runs through the lean decoder
+        # (no per-call plumbing, fused projections, a static cache), anything else through its own forward.
+        lean = unsupported_reason(self.draft.model) is None
+        self.forward_model = lean_decoder(self.draft.model) if lean else self.draft.model
         self.vocab_size = target.vocab_size
         self.draft_vocab: DraftVocab | None = model.draft_vocab
-        self.kv: RaggedKV | None = None
+        self.kv: RaggedKV | StaticRaggedKV | None = None
         self.n_fed = 0  # drafted tokens the last propose put into the cache (update rewinds them)
 
     def reset(self, ctx: Context) -> None:
         B = ctx.tokens.shape[0]
         P = int(ctx.lengths.max())  # prompts are left-padded to a common length
-        self.kv = RaggedKV.empty(self.draft.model, B, ctx.tokens.device)
+        self.kv = new_ragged_kv(self.forward_model, B, ctx.tokens.device, capacity=ctx.tokens.shape[1])
         if P > 1:
             prompt_mask = torch.arange(P - 1, device=ctx.tokens.device)[None, :] >= ctx.start[:, None]
             self.kv.forward(self.forward_model, self._draft_ids(ctx.tokens[:, : P - 1]), prompt_mask.long())

@@ -1,18 +1,27 @@
 """How a model's step runs, the same for the AR baseline and every draft so ratios stay fair.
 
-Today one runtime, `runtime=hf`: transformers' own forward, with every Linear of the target
-and of the draft's models written the way this machine's matmul plan chose for the row counts
-the run will use (`specexp/runtime/matmul.py`).
+- `runtime=lean` (default): the lean decoder forward (`runtime/decoder.py`) over a static
+  ragged cache (`core/kv.py`) for the target and every Llama-shaped model draft, with fused
+  q/k/v and gate/up weights.
+- `runtime=hf`: transformers' own forward for the target, for any architecture, and the
+  reference the lean forward is tested against.
+
+Both write every Linear they run the way this machine's matmul plan chose for the row counts the
+run will use (`runtime/matmul.py`).
 """
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from torch import nn
 
 from specexp.errors import UserInputError
-from specexp.models import LoadedModel, cache_root
+from specexp.models import LoadedModel, cache_root, spread_over_devices
+from specexp.runtime.decoder import existing_decoder, lean_decoder, unsupported_reason
 from specexp.runtime.matmul import MatmulPlans, apply_plan
+
+log = logging.getLogger(__name__)
 
 
 def round_rows(batch_size: int, k: int) -> list[int]:
@@ -22,10 +31,16 @@ def round_rows(batch_size: int, k: int) -> list[int]:
 
 
 @dataclass
+class PreparedRuntime:
+    forward: Callable  # what the engine runs the target through: the model, or its lean decoder
+    record: dict  # the settings and the matmul plan, for summary.json
+
+
+@dataclass
 class HFRuntime:
-    """runtime=hf: transformers' forward; ``matmul_plan`` writes each Linear of the target and of
-    the draft's own models as the machine's plan says for row counts up to ``max_planned_rows``
-    (F.linear above them)."""
+    """runtime=hf: transformers' forward for the target; ``matmul_plan`` writes each Linear of the
+    target and of the draft's own models as the machine's plan says for row counts up to
+    ``max_planned_rows`` (F.linear above them)."""
 
     matmul_plan: bool = True
     max_planned_rows: int = 64
@@ -34,15 +49,41 @@ class HFRuntime:
         if self.max_planned_rows < 1:
             raise UserInputError(f"runtime.max_planned_rows={self.max_planned_rows} is not allowed; it must be >= 1")
 
-    def prepare(self, target: LoadedModel, drafter: object | None, rows: Iterable[int]) -> dict:
+    def target_forward(self, target: LoadedModel) -> tuple[Callable, dict]:
+        return target.model, {"name": "hf"}
+
+    def prepare(self, target: LoadedModel, drafter: object | None, rows: Iterable[int]) -> PreparedRuntime:
         """Set the target and the draft's own models up for a run whose passes have these row
-        counts; returns the settings and the plan for the run's record."""
-        record = {"name": "hf", "matmul_plan": self.matmul_plan, "max_planned_rows": self.max_planned_rows}
-        if self.matmul_plan:
+        counts (after the draft is built: its lean decoders are planned too)."""
+        forward, record = self.target_forward(target)
+        record |= {"matmul_plan": self.matmul_plan, "max_planned_rows": self.max_planned_rows}
+        if self.matmul_plan and spread_over_devices(target.model):
+            # accelerate's hooks (moving inputs, loading offloaded weights) sit on each module's forward
+            record |= {"matmul_plan": False, "matmul_plan_skipped": "the target is spread over devices (device_map)"}
+        elif self.matmul_plan:
             planned = [m for m in rows if m <= self.max_planned_rows]
             models = [target.model, *draft_models(drafter)]
-            record |= apply_plan(models, MatmulPlans(cache_root() / "plans", target.model.device), planned)
-        return record
+            record |= apply_plan(with_decoders(models), MatmulPlans(cache_root() / "plans", target.model.device), planned)
+        return PreparedRuntime(forward, record)
+
+
+@dataclass
+class LeanRuntime(HFRuntime):
+    """runtime=lean: the target runs through its lean decoder over a static ragged cache
+    (``fuse_projections``: one GEMM for q/k/v and one for gate/up). A target the lean forward
+    cannot run (another architecture) runs through transformers' forward, with a warning and the
+    reason in the record."""
+
+    fuse_projections: bool = True
+
+    def target_forward(self, target: LoadedModel) -> tuple[Callable, dict]:
+        reason = unsupported_reason(target.model)
+        if reason is not None:
+            log.warning("runtime=lean cannot run %s (%s); its target runs through transformers' forward",
+                        target.name, reason)
+            return target.model, {"name": "hf", "requested": "lean", "fallback_reason": reason}
+        decoder = lean_decoder(target.model, self.fuse_projections)
+        return decoder, {"name": "lean", "fuse_projections": decoder.fused, "cache": "static"}
 
 
 def draft_models(drafter: object | None) -> list[nn.Module]:
@@ -54,3 +95,9 @@ def draft_models(drafter: object | None) -> list[nn.Module]:
         if isinstance(value, nn.Module):
             found.append(value)
     return found
+
+
+def with_decoders(models: list[nn.Module]) -> list[nn.Module]:
+    """The models and the Linears of their lean decoders (fused ones are not in the model's tree)."""
+    decoders = [existing_decoder(model) for model in models]
+    return models + [nn.ModuleList(d.linears()) for d in decoders if d is not None]
