@@ -18,6 +18,7 @@ from torch import nn
 
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root, spread_over_devices
+from specexp.runtime.compiled import CompiledDecoder
 from specexp.runtime.decoder import existing_decoder, lean_decoder, unsupported_reason
 from specexp.runtime.matmul import MatmulPlans, apply_plan
 
@@ -75,6 +76,14 @@ class LeanRuntime(HFRuntime):
     reason in the record."""
 
     fuse_projections: bool = True
+    compile: bool = False
+    compile_mode: str | None = None  # torch.compile's mode; None: reduce-overhead (CUDA graphs) on CUDA, default on CPU
+    compile_max_tokens: int = 32  # passes over more new tokens (prompts) run eagerly
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.compile_max_tokens < 1:
+            raise UserInputError(f"runtime.compile_max_tokens={self.compile_max_tokens} is not allowed; it must be >= 1")
 
     def target_forward(self, target: LoadedModel) -> tuple[Callable, dict]:
         reason = unsupported_reason(target.model)
@@ -83,7 +92,12 @@ class LeanRuntime(HFRuntime):
                         target.name, reason)
             return target.model, {"name": "hf", "requested": "lean", "fallback_reason": reason}
         decoder = lean_decoder(target.model, self.fuse_projections)
-        return decoder, {"name": "lean", "fuse_projections": decoder.fused, "cache": "static"}
+        record = {"name": "lean", "fuse_projections": decoder.fused, "cache": "static", "compile": self.compile}
+        if not self.compile:
+            return decoder, record
+        mode = self.compile_mode or ("reduce-overhead" if decoder.device.type == "cuda" else "default")
+        record |= {"compile_mode": mode, "compile_max_tokens": self.compile_max_tokens}
+        return CompiledDecoder(decoder, mode=mode, max_tokens=self.compile_max_tokens), record
 
 
 def draft_models(drafter: object | None) -> list[nn.Module]:
