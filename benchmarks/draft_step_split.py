@@ -10,7 +10,7 @@ default target (fp32, batch 1, a 64-token cached context, one new token per step
   CPU caches), and the same in a tight loop of draft rounds (weights cache-warm);
 - the draft's forward alone for one new token through its ragged KV cache;
 - all of these for the draft run through HF's ``LlamaForCausalLM.__call__`` (how drafts ran before
-  `drafts/lean_llama.py`) and through the lean forward small_lm drafts use now;
+  the lean forward) and through the lean forward small_lm drafts use now (`runtime/decoder.py`);
 - the draft's linear layers alone (the LM head included, one token): the part of a step that
   streams the 11.8M parameters; the rest is per-call overhead.
 With --quantize the draft rows are repeated for the draft with int8 weights (draft.quantize).

@@ -10,7 +10,7 @@ from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.runtime import LeanRuntime
-from specexp.runtime.compiled import full_capacity_mask
+from specexp.runtime.compiled import bucket, full_capacity_mask
 from tests.conftest import tiny_model
 
 NO_EOS = [10**6]
@@ -37,6 +37,10 @@ def test_full_capacity_mask_sees_valid_slots_up_to_each_query():
     mask = full_capacity_mask(valid, torch.tensor([3, 4]))  # [B, 1, T, C]
     assert mask[0, 0].tolist() == [[True, True, False, True, False, False], [True, True, False, True, True, False]]
     assert mask[1, 0, 0].tolist() == [False, False, False, True, False, False]
+
+
+def test_passes_are_padded_to_power_of_two_buckets():
+    assert [bucket(t) for t in (1, 2, 3, 4, 5, 8, 9, 17)] == [1, 2, 4, 4, 8, 8, 16, 32]
 
 
 def test_compile_settings_are_checked():

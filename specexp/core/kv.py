@@ -123,7 +123,8 @@ class StaticRaggedKV:
     def mask(self) -> torch.Tensor:
         return self.valid[:, : self.length]  # [B, L]
 
-    def _reserve(self, slots: int) -> None:
+    def reserve(self, slots: int) -> None:
+        """Make room for ``slots`` slots (doubling), keeping what is held."""
         if slots <= self.capacity:
             return
         N, B, H, C, hd = self.keys.shape
@@ -135,7 +136,7 @@ class StaticRaggedKV:
     def extend(self, input_mask: torch.Tensor) -> torch.Tensor:
         """Book T new slots per row ([B, T] mask, 0 = padding); returns their position ids [B, T]."""
         T = input_mask.shape[1]
-        self._reserve(self.length + T)
+        self.reserve(self.length + T)
         positions = self.n_valid[:, None] + input_mask.cumsum(1) - 1  # [B, T]
         self.valid[:, self.length : self.length + T] = input_mask
         self.length += T
@@ -146,7 +147,7 @@ class StaticRaggedKV:
         """Write one layer's K/V [B, H_kv, T, hd] after its last slot; returns views of all of that
         layer's slots [B, H_kv, S+T, hd]."""
         start, T = self.layer_length[layer_idx], keys.shape[2]
-        self._reserve(start + T)
+        self.reserve(start + T)
         self.keys[layer_idx, :, :, start : start + T] = keys
         self.values[layer_idx, :, :, start : start + T] = values
         self.layer_length[layer_idx] = start + T

@@ -18,7 +18,7 @@ from torch import nn
 
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root, spread_over_devices
-from specexp.runtime.compiled import CompiledDecoder
+from specexp.runtime.compiled import CompiledDecoder, bucket
 from specexp.runtime.decoder import existing_decoder, lean_decoder, unsupported_reason
 from specexp.runtime.matmul import MatmulPlans, apply_plan
 
@@ -62,7 +62,9 @@ class HFRuntime:
             # accelerate's hooks (moving inputs, loading offloaded weights) sit on each module's forward
             record |= {"matmul_plan": False, "matmul_plan_skipped": "the target is spread over devices (device_map)"}
         elif self.matmul_plan:
-            planned = [m for m in rows if m <= self.max_planned_rows]
+            if record.get("compile"):  # compiled passes pad their tokens to a bucket (exact for batch 1)
+                rows = set(rows) | {bucket(m) for m in rows}
+            planned = sorted(m for m in rows if m <= self.max_planned_rows)
             models = [target.model, *draft_models(drafter)]
             record |= apply_plan(with_decoders(models), MatmulPlans(cache_root() / "plans", target.model.device), planned)
         return PreparedRuntime(forward, record)

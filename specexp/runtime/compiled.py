@@ -1,11 +1,12 @@
 """runtime.compile=true: the lean decoder's pass over T new tokens as one compiled graph.
 
 Static shapes make it compilable end to end and, on CUDA, replayable as a CUDA graph
-(``mode="reduce-overhead"``): inside the graph the T new keys and values are written in place at
+(``mode="reduce-overhead"``): inside the graph the new keys and values are written in place at
 slots [start, start + T) of the static cache (``start`` a tensor, so steps do not recompile),
 and attention reads every slot of the cache's capacity, the mask hiding those no row holds.
-Shapes then vary only with T (tokens per pass, bucketed by torch.compile: one graph for T = 1,
-one for the rest after the first change) and the batch size.
+T is padded up to a bucket (1, 2, 4, 8, ...): the padding tokens are written past the cache's
+end, where no mask shows them and the next pass overwrites them, and their logits are dropped.
+So a run compiles one graph per bucket (and batch size), each with the matmul plan of its rows.
 
 Passes it does not take run eagerly through the same decoder: prompts longer than
 ``max_tokens``, a transformers cache, and a shared early-exit draft's split passes (whose
@@ -43,6 +44,11 @@ class FullCapacityWriter:
         return self.keys[layer_idx], self.values[layer_idx]
 
 
+def bucket(tokens: int) -> int:
+    """The compiled graph's token count for a pass over ``tokens``: the next power of two."""
+    return 1 << (tokens - 1).bit_length()
+
+
 class CompiledDecoder:
     """Callable like LeanDecoder for the engine's caches; its full passes over the static cache
     of up to ``max_tokens`` new tokens run compiled."""
@@ -56,12 +62,12 @@ class CompiledDecoder:
         self._compiled = torch.compile(self._pass, mode=mode, fullgraph=True)
 
     def _pass(self, input_ids: torch.Tensor, position_ids: torch.Tensor, valid: torch.Tensor, start: torch.Tensor,
-              keys: torch.Tensor, values: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+              keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         d = self.decoder
-        slots = start + torch.arange(input_ids.shape[1], device=input_ids.device)  # [T]
+        slots = start + torch.arange(input_ids.shape[1], device=input_ids.device)  # [Tb]
         hidden = d.run_layers(d.embed(input_ids), range(d.n_layers), FullCapacityWriter(keys, values, slots), None,
                               position_ids, mask=full_capacity_mask(valid, slots))
-        return d.logits(hidden[:, -logits_to_keep:])  # [B, logits_to_keep, V]
+        return d.logits(hidden)  # [B, Tb, V]
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None, cache=None, logits_to_keep: int = 1, **_) -> SimpleNamespace:
@@ -70,8 +76,13 @@ class CompiledDecoder:
         if lengths is None or len(lengths) != 1 or T > self.max_tokens or not logits_to_keep:
             return self.decoder(input_ids, attention_mask, position_ids, cache, logits_to_keep)
         start = lengths.pop()  # every layer holds the same slots; extend booked [start, start + T)
+        padding = bucket(T) - T
+        if padding:  # written past the cache's end: masked from every query, overwritten by the next pass
+            input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(-1, padding)], dim=1)  # [B, Tb]
+            position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(-1, padding)], dim=1)
+        cache.reserve(start + T + padding)
         logits = self._compiled(input_ids, position_ids, cache.valid, torch.tensor(start, device=input_ids.device),
-                                cache.keys, cache.values, logits_to_keep)
+                                cache.keys, cache.values)  # [B, Tb, V]
         cache.layer_length = [start + T] * self.decoder.n_layers
         self.compiled_passes += 1
-        return SimpleNamespace(logits=logits)
+        return SimpleNamespace(logits=logits[:, T - logits_to_keep : T])
