@@ -29,10 +29,16 @@ def _w_xt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (w @ x.T).T.contiguous()  # [m, out]; a GEMM with the weights as the left operand
 
 
-def _w_xt_pad(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """One zero row more: some BLAS kernels are much faster for m + 1 rows than for m."""
-    padded = torch.cat([x, x.new_zeros(1, x.shape[1])])
-    return (w @ padded.T).T[: x.shape[0]].contiguous()
+def _w_xt_pad(x: torch.Tensor, w: torch.Tensor, multiple: int = 0) -> torch.Tensor:
+    """Zero rows appended: one (``multiple`` 0), or up to a multiple of ``multiple``. Some BLAS
+    kernels are much faster for more rows: on a Zen 5 core, [3072 x 576] weights take 421 us
+    for 1 row and 177 for 2, 198 for 3 and 163 for 4, 684 for 12 and 526 for 16."""
+    m = x.shape[0]
+    extra = -m % multiple if multiple else 1
+    if extra == 0:
+        return _w_xt(x, w)
+    padded = torch.cat([x, x.new_zeros(extra, x.shape[1])])
+    return (w @ padded.T).T[:m].contiguous()
 
 
 # x [m, in], w [out, in] -> x w^T [m, out]
@@ -41,6 +47,8 @@ FORMULATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = 
     "x_wt": lambda x, w: x @ w.T,
     "w_xt": _w_xt,
     "w_xt_pad": _w_xt_pad,
+    "w_xt_pad4": partial(_w_xt_pad, multiple=4),
+    "w_xt_pad16": partial(_w_xt_pad, multiple=16),
 }
 DEFAULT = "linear"  # rows outside the plan (long prompt passes: compute-bound, where F.linear's GEMM does well)
 
@@ -120,10 +128,11 @@ def planned_linear_forward(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def plan_linear(linear: nn.Linear, choices: dict[int, str]) -> None:
-    """Make this very module follow ``choices`` (rows -> formulation). In place, so whatever holds
+    """Make this very module follow ``choices`` (rows -> formulation), added to any rows it was
+    planned for before (a draft prepared later plans fewer rows). In place, so whatever holds
     a reference to it (a draft made of the target's layers, a lean forward) uses the plan too;
     its Parameters (tied weights) are untouched."""
-    linear.matmul_plan = choices
+    linear.matmul_plan = {**getattr(linear, "matmul_plan", {}), **choices}  # rows planned earlier keep their choice
     linear.forward = partial(planned_linear_forward, linear)
 
 
