@@ -1,5 +1,7 @@
 """Int8 draft weights: the linears match their dequantized weights, and nothing else changes."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -52,9 +54,29 @@ def test_quantized_draft_predicts_like_the_original():
     assert float((full.argmax(-1) == int8.argmax(-1)).double().mean()) >= 0.9
 
 
-def test_auto_is_int8_on_a_cpu_only_and_bad_schemes_are_one_line_errors():
+def test_auto_quantizes_the_shapes_this_machine_measured_faster_in_int8(tmp_path, monkeypatch):
+    """The plan times the int8 kernel beside the fp32 formulations (once, into the plan file);
+    auto turns exactly the shapes where int8 won into int8 layers."""
+    from specexp.runtime import matmul
+
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
+    monkeypatch.setattr(matmul, "time_formulations", lambda w, m, repeats=7: dict.fromkeys(matmul.FORMULATIONS, 1.0))
+    monkeypatch.setattr(matmul, "time_int8", lambda w, m, repeats=7: 0.5 if w.shape[0] == 64 else 2.0)
+    model = tiny_model(3, layers=1, hidden=32).model.float()  # lm_head [64 x 32]; the layer's [32 x 32], [64 x 32], ...
+    quantized = quantize_linears(model, "auto")
+    assert isinstance(quantized.lm_head, Int8WeightLinear) and isinstance(quantized.model.layers[0].mlp.up_proj,
+                                                                          Int8WeightLinear)
+    assert type(quantized.model.layers[0].self_attn.q_proj) is nn.Linear  # [32 x 32]: fp32 measured faster
+    plan = json.loads(next((tmp_path / "plans").glob("matmul-*.json")).read_text())
+    assert plan["int8"]["64x32:float32"]["1"] == 0.5
+    monkeypatch.setattr(matmul, "time_int8", lambda w, m, repeats=7: 2.0)
+    slower = tiny_model(3, layers=1, hidden=16).model.float()  # new shapes, int8 slower for all: left as it is
+    assert quantize_linears(slower, "auto") is slower
+
+
+def test_auto_is_measured_on_a_cpu_only_and_bad_schemes_are_one_line_errors():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_quantize("auto", cpu) == "int8" and resolve_quantize("auto", cuda) is None
+    assert resolve_quantize("auto", cpu) == "auto" and resolve_quantize("auto", cuda) is None
     assert resolve_quantize(None, cuda) is None and resolve_quantize("int8", cpu) == "int8"
     with pytest.raises(UserInputError, match="draft.quantize=int4 is not allowed; use null or one of int8, auto"):
         resolve_quantize("int4", cpu)

@@ -90,7 +90,7 @@ def test_runtime_settings_are_checked_and_recorded(tmp_path, monkeypatch):
         HFRuntime(max_planned_rows=0)
     target = LoadedModel(tiny_model(0, layers=1).model.float(), None, "tiny")
     unplanned = HFRuntime(matmul_plan=False).prepare(target, None, [1, 2])
-    assert unplanned.record == {"name": "hf", "matmul_plan": False, "max_planned_rows": 64}
+    assert unplanned.record == {"name": "hf", "matmul_plan": False, "max_planned_rows": 64, "draft_int8_linears": 0}
     assert unplanned.forward is target.model
     assert not any(hasattr(m, "matmul_plan") for m in linear_modules(target.model))
     draft = make_drafter("disagree", target, LoadedModel(tiny_model(1, layers=1, hidden=48).model.float(), None, "d"),

@@ -20,6 +20,7 @@ from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root, spread_over_devices
 from specexp.runtime.compiled import CompiledDecoder, bucket
 from specexp.runtime.decoder import existing_decoder, lean_decoder, unsupported_reason
+from specexp.runtime.int8 import Int8WeightLinear
 from specexp.runtime.matmul import MatmulPlans, apply_plan
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,9 @@ class HFRuntime:
         """Set the target and the draft's own models up for a run whose passes have these row
         counts (after the draft is built: its lean decoders are planned too)."""
         forward, record = self.target_forward(target)
-        record |= {"matmul_plan": self.matmul_plan, "max_planned_rows": self.max_planned_rows}
+        record |= {"matmul_plan": self.matmul_plan, "max_planned_rows": self.max_planned_rows,
+                   "draft_int8_linears": sum(isinstance(m, Int8WeightLinear)  # draft.quantize's choice
+                                             for model in draft_models(drafter) for m in model.modules())}
         if self.matmul_plan and spread_over_devices(target.model):
             # accelerate's hooks (moving inputs, loading offloaded weights) sit on each module's forward
             record |= {"matmul_plan": False, "matmul_plan_skipped": "the target is spread over devices (device_map)"}

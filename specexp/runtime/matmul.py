@@ -155,6 +155,11 @@ class MatmulPlans:
             return {"fingerprint": self.fingerprint, "choices": {}, "timings": {}}
         return json.loads(self.path.read_text())
 
+    def _write(self, plan: dict) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(plan, indent=1, sort_keys=True))
+        tmp.replace(self.path)
+
     def choices_for(self, weights: Iterable[torch.Tensor], rows: Iterable[int]) -> dict[str, dict[int, str]]:
         """The plan for these weight shapes and row counts; what the file lacks is measured now
         (once per machine: the file is shared by every later run, under a lock)."""
@@ -169,10 +174,45 @@ class MatmulPlans:
                     timings = time_formulations(unique[key], m)
                     plan["choices"].setdefault(key, {})[str(m)] = min(timings, key=timings.get)
                     plan["timings"].setdefault(key, {})[str(m)] = timings
-                tmp = self.path.with_name(self.path.name + ".tmp")
-                tmp.write_text(json.dumps(plan, indent=1, sort_keys=True))
-                tmp.replace(self.path)
+                self._write(plan)
         return {key: {m: plan["choices"][key][str(m)] for m in rows} for key in unique}
+
+    def int8_faster(self, weights: Iterable[torch.Tensor], rows: Iterable[int]) -> dict[str, bool]:
+        """Per weight shape: whether int8 weights (`runtime/int8.py`) beat the best fp32
+        formulation summed over these row counts; the int8 timings join the plan file."""
+        rows = sorted(set(rows))
+        unique = {shape_key(w): w for w in weights}
+        self.choices_for(unique.values(), rows)  # the fp32 timings
+        with FileLock(str(self.path) + ".lock"):
+            plan = self._read()
+            int8 = plan.setdefault("int8", {})
+            missing = [(key, m) for key in unique for m in rows if str(m) not in int8.get(key, {})]
+            for key, m in tqdm(missing, desc="timing int8 weights (once per machine)", unit="shape",
+                               disable=not missing):
+                int8.setdefault(key, {})[str(m)] = time_int8(unique[key], m)
+            if missing:
+                self._write(plan)
+        return {key: sum(int8[key][str(m)] for m in rows) < sum(min(plan["timings"][key][str(m)].values()) for m in rows)
+                for key in unique}
+
+
+def time_int8(weight: torch.Tensor, rows: int, repeats: int = 7) -> float:
+    """Median seconds of the int8 weight-only kernel for x [rows, in] against int8 weights of
+    ``weight``'s shape, read cold like ``time_formulations``' (bf16 activations in, as the layer does)."""
+    g = torch.Generator(device=weight.device).manual_seed(0)
+    x = torch.randn(rows, weight.shape[1], generator=g, device=weight.device).to(torch.bfloat16)
+    n_copies = max(2, min(256, -(-COLD_BYTES // weight.numel())))
+    copies = [torch.randint(-127, 128, weight.shape, dtype=torch.int8, generator=g, device=weight.device)
+              for _ in range(n_copies)]
+    scales = torch.rand(weight.shape[0], generator=g, device=weight.device).to(torch.bfloat16)
+    times = []
+    with torch.inference_mode():
+        torch.ops.aten._weight_int8pack_mm(x, copies[0], scales)
+        for i in range(repeats):
+            start = time.perf_counter()
+            torch.ops.aten._weight_int8pack_mm(x, copies[i % n_copies], scales).float()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def apply_plan(models: nn.Module | Iterable[nn.Module], plans: MatmulPlans, rows: Iterable[int]) -> dict:
