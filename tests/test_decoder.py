@@ -133,3 +133,20 @@ def test_mask_is_causal_over_valid_slots_and_padding_queries_see_everything():
     assert mask[0, 0].tolist() == [[False, True, True, False], [False, True, True, True]]
     # row 1: the first new query is padding and would see nothing: it sees every slot (no NaNs; never used)
     assert mask[1, 0].tolist() == [[True, True, True, True], [False, False, False, True]]
+
+
+def test_int8_drafts_fuse_their_projections_exactly():
+    """A draft with int8 weights (draft.quantize): q/k/v and gate/up become one int8 kernel each,
+    its logits equal to the int8 model's own forward (per-channel scales concatenate exactly)."""
+    from specexp.drafts.quantize import quantize_linears
+    from specexp.runtime.int8 import Int8WeightLinear
+
+    model = quantize_linears(tiny("llama").float(), "int8")
+    ids = torch.tensor([[5, 9, 2, 7, 7, 30], [4, 4, 8, 1, 40, 3]])
+    with torch.no_grad():
+        reference = model(ids).logits
+        decoder = LeanDecoder(model)
+        assert isinstance(decoder.layers[0].qkv, Int8WeightLinear) and isinstance(decoder.layers[0].gate_up,
+                                                                                  Int8WeightLinear)
+        torch.testing.assert_close(decoder(ids, logits_to_keep=0).logits, reference, rtol=0, atol=0)
+        torch.testing.assert_close(model(ids).logits, reference, rtol=0, atol=0)  # its own forward reads the views

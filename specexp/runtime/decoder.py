@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 
 from specexp.errors import UserInputError
 from specexp.models import spread_over_devices
+from specexp.runtime.int8 import Int8WeightLinear
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 PLAIN_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
@@ -109,16 +110,21 @@ def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
 
 @dataclass
 class LayerWeights:
-    """What the lean forward calls for one decoder layer. ``qkv``/``gate_up`` are fused Linears
-    when the projections are plain nn.Linear (int8 layers keep their own modules and kernel)."""
+    """What the lean forward calls for one decoder layer. ``qkv``/``gate_up`` are fused when the
+    projections are all plain nn.Linear or all int8 layers."""
 
     layer: nn.Module
     qkv: nn.Module | None = None  # x -> [q | k | v]
     gate_up: nn.Module | None = None  # x -> [gate | up]
 
 
-def _all_linear(*modules: nn.Module) -> bool:
-    return all(type(m) is nn.Linear for m in modules)
+def fuse(modules: list[nn.Module]) -> nn.Module | None:
+    """The modules as one (fp32/bf16 nn.Linear, or int8 layers), or None when they are of other kinds."""
+    if all(type(m) is nn.Linear for m in modules):
+        return fuse_linears(modules)
+    if all(type(m) is Int8WeightLinear for m in modules):
+        return Int8WeightLinear.concatenated(modules)
+    return None
 
 
 class LeanDecoder:
@@ -144,10 +150,10 @@ class LeanDecoder:
     def fuse(self) -> None:
         for w in self.layers:
             attn, mlp = w.layer.self_attn, w.layer.mlp
-            if w.qkv is None and _all_linear(attn.q_proj, attn.k_proj, attn.v_proj):
-                w.qkv = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
-            if w.gate_up is None and _all_linear(mlp.gate_proj, mlp.up_proj):
-                w.gate_up = fuse_linears([mlp.gate_proj, mlp.up_proj])
+            if w.qkv is None:
+                w.qkv = fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            if w.gate_up is None:
+                w.gate_up = fuse([mlp.gate_proj, mlp.up_proj])
         self.fused = True
 
     @property

@@ -26,6 +26,23 @@ class Int8WeightLinear(nn.Module):
         self.register_buffer("scales", scales.to(torch.bfloat16))  # [N]
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
+    @classmethod
+    @torch.no_grad()
+    def concatenated(cls, layers: list["Int8WeightLinear"]) -> "Int8WeightLinear":
+        """One layer computing ``cat([l(x) for l in layers], -1)`` (per-channel scales: exact). Each
+        original's buffers become views of the fused ones: nothing is stored twice."""
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused.register_buffer("weight", torch.cat([layer.weight for layer in layers]))
+        fused.register_buffer("scales", torch.cat([layer.scales for layer in layers]))
+        fused.in_features, fused.out_features = layers[0].in_features, sum(layer.out_features for layer in layers)
+        start = 0
+        for layer in layers:
+            stop = start + layer.out_features
+            layer.weight, layer.scales = fused.weight[start:stop], fused.scales[start:stop]
+            start = stop
+        return fused
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [M, K]
         out = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)  # [M, N] bf16
