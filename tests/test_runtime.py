@@ -109,13 +109,34 @@ def test_the_lean_runtime_runs_the_target_through_its_planned_decoder(tmp_path, 
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
     target = LoadedModel(tiny_model(0, layers=2).model.float(), None, "tiny")
     reference = generate(target.model, prompts, None, SamplingConfig(), 12, [10**6], torch.Generator().manual_seed(0))
-    prepared = LeanRuntime().prepare(target, None, [1, 2])
+    prepared = LeanRuntime(fuse_projections=True).prepare(target, None, [1, 2])
     assert prepared.forward is lean_decoder(target.model)
     assert prepared.record["name"] == "lean" and prepared.record["fuse_projections"]
     assert all(m.matmul_plan.keys() == {1, 2} for m in prepared.forward.linears())  # fused q/k/v, gate/up, head, ...
     assert "64x32:float32" in prepared.record["choices"]  # fused gate/up: 2 x 32 rows
     out = generate(prepared.forward, prompts, None, SamplingConfig(), 12, [10**6], torch.Generator().manual_seed(0))
     assert out.tokens == reference.tokens
+
+
+def test_fuse_projections_auto_keeps_what_the_timed_pass_prefers(tmp_path, monkeypatch, prompts):
+    import specexp.runtime as runtime
+    from specexp.errors import UserInputError
+    from specexp.models import LoadedModel
+
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
+    target = LoadedModel(tiny_model(0, layers=2).model.float(), None, "tiny")
+    reference = generate(target.model, prompts, None, SamplingConfig(), 12, [10**6], torch.Generator().manual_seed(0))
+    decoder = lean_decoder(target.model)
+    assert isinstance(runtime.fusion_pays(decoder, [1, 2]), bool)  # really timed: both states run
+    assert decoder.layers[0].qkv is not None  # and the fused state is back
+    monkeypatch.setattr(runtime, "fusion_pays", lambda decoder, rows: False)
+    prepared = LeanRuntime().prepare(target, None, [1, 2])
+    assert not prepared.record["fuse_projections"] and prepared.record["fuse_setting"] == "auto"
+    assert all(w.qkv is None and w.gate_up is None for w in prepared.forward.layers)
+    out = generate(prepared.forward, prompts, None, SamplingConfig(), 12, [10**6], torch.Generator().manual_seed(0))
+    assert out.tokens == reference.tokens
+    with pytest.raises(UserInputError, match="runtime.fuse_projections=sometimes is not allowed; use true, false or auto"):
+        LeanRuntime(fuse_projections="sometimes")
 
 
 def test_the_lean_runtime_falls_back_to_transformers_for_other_architectures(tmp_path, monkeypatch, caplog):

@@ -11,15 +11,19 @@ run will use (`runtime/matmul.py`).
 """
 
 import logging
+import statistics
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
+from specexp.core.kv import StaticRaggedKV
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root, spread_over_devices
 from specexp.runtime.compiled import CompiledDecoder, bucket
-from specexp.runtime.decoder import existing_decoder, lean_decoder, unsupported_reason
+from specexp.runtime.decoder import LeanDecoder, existing_decoder, lean_decoder, unsupported_reason
 from specexp.runtime.int8 import Int8WeightLinear
 from specexp.runtime.matmul import MatmulPlans, apply_plan
 
@@ -51,13 +55,14 @@ class HFRuntime:
         if self.max_planned_rows < 1:
             raise UserInputError(f"runtime.max_planned_rows={self.max_planned_rows} is not allowed; it must be >= 1")
 
-    def target_forward(self, target: LoadedModel) -> tuple[Callable, dict]:
+    def target_forward(self, target: LoadedModel, rows: list[int]) -> tuple[Callable, dict]:
         return target.model, {"name": "hf"}
 
     def prepare(self, target: LoadedModel, drafter: object | None, rows: Iterable[int]) -> PreparedRuntime:
         """Set the target and the draft's own models up for a run whose passes have these row
         counts (after the draft is built: its lean decoders are planned too)."""
-        forward, record = self.target_forward(target)
+        rows = sorted(set(rows))
+        forward, record = self.target_forward(target, [m for m in rows if m <= self.max_planned_rows])
         record |= {"matmul_plan": self.matmul_plan, "max_planned_rows": self.max_planned_rows,
                    "draft_int8_linears": sum(isinstance(m, Int8WeightLinear)  # draft.quantize's choice
                                              for model in draft_models(drafter) for m in model.modules())}
@@ -80,29 +85,78 @@ class LeanRuntime(HFRuntime):
     cannot run (another architecture) runs through transformers' forward, with a warning and the
     reason in the record."""
 
-    fuse_projections: bool = True
+    fuse_projections: bool | str = "auto"  # auto: fused where this machine's plan times one GEMM faster
     compile: bool = False
     compile_mode: str | None = None  # torch.compile's mode; None: reduce-overhead (CUDA graphs) on CUDA, default on CPU
     compile_max_tokens: int = 32  # passes over more new tokens (prompts) run eagerly
 
     def __post_init__(self):
         super().__post_init__()
+        if self.fuse_projections not in (True, False, "auto"):
+            raise UserInputError(f"runtime.fuse_projections={self.fuse_projections} is not allowed; use true, false or auto")
         if self.compile_max_tokens < 1:
             raise UserInputError(f"runtime.compile_max_tokens={self.compile_max_tokens} is not allowed; it must be >= 1")
 
-    def target_forward(self, target: LoadedModel) -> tuple[Callable, dict]:
+    def prepare(self, target: LoadedModel, drafter: object | None, rows: Iterable[int]) -> PreparedRuntime:
+        """As runtime=hf's, then (fuse_projections=auto) fused or separate projections, whichever
+        makes the planned pass faster on this machine."""
+        prepared = super().prepare(target, drafter, rows)
+        decoder = existing_decoder(target.model)
+        if prepared.record["name"] == "lean" and self.fuse_projections == "auto":
+            planned = sorted(m for m in set(rows) if m <= self.max_planned_rows) or [1]
+            if not fusion_pays(decoder, planned):
+                decoder.unfuse()
+            prepared.record["fuse_projections"] = decoder.fused
+        return prepared
+
+    def target_forward(self, target: LoadedModel, rows: list[int]) -> tuple[Callable, dict]:
         reason = unsupported_reason(target.model)
         if reason is not None:
             log.warning("runtime=lean cannot run %s (%s); its target runs through transformers' forward",
                         target.name, reason)
             return target.model, {"name": "hf", "requested": "lean", "fallback_reason": reason}
-        decoder = lean_decoder(target.model, self.fuse_projections)
-        record = {"name": "lean", "fuse_projections": decoder.fused, "cache": "static", "compile": self.compile}
+        decoder = lean_decoder(target.model, self.fuse_projections in (True, "auto"))  # auto: decided in prepare
+        if self.fuse_projections is False:
+            decoder.unfuse()  # the projections keep their weights (views); a shared early exit may have fused them
+        record = {"name": "lean", "fuse_projections": decoder.fused, "fuse_setting": self.fuse_projections,
+                  "cache": "static", "compile": self.compile}
         if not self.compile:
             return decoder, record
         mode = self.compile_mode or ("reduce-overhead" if decoder.device.type == "cuda" else "default")
         record |= {"compile_mode": mode, "compile_max_tokens": self.compile_max_tokens}
         return CompiledDecoder(decoder, mode=mode, max_tokens=self.compile_max_tokens), record
+
+
+@torch.inference_mode()
+def fusion_pays(decoder: LeanDecoder, rows: list[int], repeats: int = 5) -> bool:
+    """Whether the decoder's pass is faster with one GEMM for q/k/v and one for gate/up than with
+    the separate products, timed in context: a pass over each row count's tokens after a 32-token
+    prompt, fused and separate taking turns, medians summed. (Per-shape timings in isolation
+    are too close and too noisy here to decide it: 60 vs 82 us for q/k/v at 1 row, 172 vs 173
+    for gate/up.)"""
+    if not any(w.qkv is not None or w.gate_up is not None for w in decoder.layers):
+        return False  # nothing was fusable (int8 and fp32 projections mixed)
+    vocab_size = decoder.config.get_text_config().vocab_size
+    prompt = torch.arange(32, device=decoder.device)[None] % vocab_size  # [1, 32]
+    kv = StaticRaggedKV.for_model(decoder, 1, capacity=32 + max(rows), device=decoder.device)
+    kv.forward(decoder, prompt)
+    fused = [(w.qkv, w.gate_up) for w in decoder.layers]
+    seconds = {True: {m: [] for m in rows}, False: {m: [] for m in rows}}
+    for repeat in range(repeats + 1):  # the first round warms up
+        for m in rows:
+            for state in (True, False):
+                for w, (qkv, gate_up) in zip(decoder.layers, fused, strict=True):
+                    w.qkv, w.gate_up = (qkv, gate_up) if state else (None, None)
+                x = torch.arange(32, 32 + m, device=decoder.device)[None] % vocab_size
+                start = time.perf_counter()
+                kv.forward(decoder, x, logits_to_keep=m)
+                if repeat:
+                    seconds[state][m].append(time.perf_counter() - start)
+                kv.drop_last(torch.tensor([m], device=decoder.device))
+    for w, (qkv, gate_up) in zip(decoder.layers, fused, strict=True):
+        w.qkv, w.gate_up = qkv, gate_up
+    total = {state: sum(statistics.median(seconds[state][m]) for m in rows) for state in seconds}
+    return total[True] <= total[False]
 
 
 def draft_models(drafter: object | None) -> list[nn.Module]:

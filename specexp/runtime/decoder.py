@@ -156,6 +156,12 @@ class LeanDecoder:
                 w.gate_up = fuse([mlp.gate_proj, mlp.up_proj])
         self.fused = True
 
+    def unfuse(self) -> None:
+        """Back to separate products (the projections keep their weights: views of the fused ones)."""
+        for w in self.layers:
+            w.qkv = w.gate_up = None
+        self.fused = False
+
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
