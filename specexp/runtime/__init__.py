@@ -55,14 +55,13 @@ class HFRuntime:
         if self.max_planned_rows < 1:
             raise UserInputError(f"runtime.max_planned_rows={self.max_planned_rows} is not allowed; it must be >= 1")
 
-    def target_forward(self, target: LoadedModel, rows: list[int]) -> tuple[Callable, dict]:
+    def target_forward(self, target: LoadedModel) -> tuple[Callable, dict]:
         return target.model, {"name": "hf"}
 
     def prepare(self, target: LoadedModel, drafter: object | None, rows: Iterable[int]) -> PreparedRuntime:
         """Set the target and the draft's own models up for a run whose passes have these row
         counts (after the draft is built: its lean decoders are planned too)."""
-        rows = sorted(set(rows))
-        forward, record = self.target_forward(target, [m for m in rows if m <= self.max_planned_rows])
+        forward, record = self.target_forward(target)
         record |= {"matmul_plan": self.matmul_plan, "max_planned_rows": self.max_planned_rows,
                    "draft_int8_linears": sum(isinstance(m, Int8WeightLinear)  # draft.quantize's choice
                                              for model in draft_models(drafter) for m in model.modules())}
@@ -85,7 +84,7 @@ class LeanRuntime(HFRuntime):
     cannot run (another architecture) runs through transformers' forward, with a warning and the
     reason in the record."""
 
-    fuse_projections: bool | str = "auto"  # auto: fused where this machine's plan times one GEMM faster
+    fuse_projections: bool | str = "auto"  # auto: fused or separate, whichever makes the timed pass faster
     compile: bool = False
     compile_mode: str | None = None  # torch.compile's mode; None: reduce-overhead (CUDA graphs) on CUDA, default on CPU
     compile_max_tokens: int = 32  # passes over more new tokens (prompts) run eagerly
@@ -109,7 +108,7 @@ class LeanRuntime(HFRuntime):
             prepared.record["fuse_projections"] = decoder.fused
         return prepared
 
-    def target_forward(self, target: LoadedModel, rows: list[int]) -> tuple[Callable, dict]:
+    def target_forward(self, target: LoadedModel) -> tuple[Callable, dict]:
         reason = unsupported_reason(target.model)
         if reason is not None:
             log.warning("runtime=lean cannot run %s (%s); its target runs through transformers' forward",
