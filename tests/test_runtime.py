@@ -135,6 +135,10 @@ def test_fuse_projections_auto_keeps_what_the_timed_pass_prefers(tmp_path, monke
     assert all(w.qkv is None and w.gate_up is None for w in prepared.forward.layers)
     out = generate(prepared.forward, prompts, None, SamplingConfig(), 12, [10**6], torch.Generator().manual_seed(0))
     assert out.tokens == reference.tokens
+    # measured once per machine: a second run reads the answer from the plan file
+    monkeypatch.setattr(runtime, "fusion_pays", lambda decoder, rows: pytest.fail("measured again"))
+    again = LeanRuntime().prepare(LoadedModel(tiny_model(1, layers=2).model.float(), None, "tiny-1"), None, [1, 2])
+    assert not again.record["fuse_projections"]
     with pytest.raises(UserInputError, match="runtime.fuse_projections=sometimes is not allowed; use true, false or auto"):
         LeanRuntime(fuse_projections="sometimes")
 

@@ -25,7 +25,7 @@ from specexp.models import LoadedModel, cache_root, spread_over_devices
 from specexp.runtime.compiled import CompiledDecoder, bucket
 from specexp.runtime.decoder import LeanDecoder, existing_decoder, lean_decoder, unsupported_reason
 from specexp.runtime.int8 import Int8WeightLinear
-from specexp.runtime.matmul import MatmulPlans, apply_plan
+from specexp.runtime.matmul import MatmulPlans, apply_plan, shape_key
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,9 @@ class LeanRuntime(HFRuntime):
         decoder = existing_decoder(target.model)
         if prepared.record["name"] == "lean" and self.fuse_projections == "auto":
             planned = sorted(m for m in set(rows) if m <= self.max_planned_rows) or [1]
-            if not fusion_pays(decoder, planned):
+            key = f"{fusion_key(decoder)}:rows={','.join(map(str, planned))}"
+            plans = MatmulPlans(cache_root() / "plans", decoder.device)
+            if not plans.remembered("fusion", key, lambda: fusion_pays(decoder, planned)):  # once per machine
                 decoder.unfuse()
             prepared.record["fuse_projections"] = decoder.fused
         return prepared
@@ -124,6 +126,13 @@ class LeanRuntime(HFRuntime):
         mode = self.compile_mode or ("reduce-overhead" if decoder.device.type == "cuda" else "default")
         record |= {"compile_mode": mode, "compile_max_tokens": self.compile_max_tokens}
         return CompiledDecoder(decoder, mode=mode, max_tokens=self.compile_max_tokens), record
+
+
+def fusion_key(decoder: LeanDecoder) -> str:
+    """What fusion_pays' answer depends on besides the machine: the layers' fusable shapes."""
+    w = decoder.layers[0]
+    shapes = [shape_key(m.weight) for m in (w.qkv, w.gate_up) if isinstance(m, nn.Linear)]
+    return f"{decoder.n_layers}x[{','.join(shapes)}]"
 
 
 @torch.inference_mode()

@@ -177,6 +177,16 @@ class MatmulPlans:
                 self._write(plan)
         return {key: {m: plan["choices"][key][str(m)] for m in rows} for key in unique}
 
+    def remembered(self, section: str, key: str, measure: Callable[[], object]) -> object:
+        """``plan[section][key]``, measured by ``measure()`` the first time on this machine."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path) + ".lock"):
+            plan = self._read()
+            if key not in plan.get(section, {}):
+                plan.setdefault(section, {})[key] = measure()
+                self._write(plan)
+        return plan[section][key]
+
     def int8_faster(self, weights: Iterable[torch.Tensor], rows: Iterable[int]) -> dict[str, bool]:
         """Per weight shape: whether int8 weights (`runtime/int8.py`) beat the best fp32
         formulation summed over these row counts; the int8 timings join the plan file."""
