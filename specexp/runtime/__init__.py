@@ -142,7 +142,7 @@ def fusion_pays(decoder: LeanDecoder, rows: list[int], repeats: int = 5) -> bool
     prompt, fused and separate taking turns, medians summed. (Per-shape timings in isolation
     are too close and too noisy here to decide it: 60 vs 82 us for q/k/v at 1 row, 172 vs 173
     for gate/up.)"""
-    if not any(w.qkv is not None or w.gate_up is not None for w in decoder.layers):
+    if not decoder.fused:
         return False  # nothing was fusable (int8 and fp32 projections mixed)
     vocab_size = decoder.config.get_text_config().vocab_size
     prompt = torch.arange(32, device=decoder.device)[None] % vocab_size  # [1, 32]

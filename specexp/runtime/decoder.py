@@ -118,7 +118,7 @@ class LayerWeights:
     gate_up: nn.Module | None = None  # x -> [gate | up]
 
 
-def fuse(modules: list[nn.Module]) -> nn.Module | None:
+def fused_module(modules: list[nn.Module]) -> nn.Module | None:
     """The modules as one (fp32/bf16 nn.Linear, or int8 layers), or None when they are of other kinds."""
     if all(type(m) is nn.Linear for m in modules):
         return fuse_linears(modules)
@@ -151,10 +151,10 @@ class LeanDecoder:
         for w in self.layers:
             attn, mlp = w.layer.self_attn, w.layer.mlp
             if w.qkv is None:
-                w.qkv = fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+                w.qkv = fused_module([attn.q_proj, attn.k_proj, attn.v_proj])
             if w.gate_up is None:
-                w.gate_up = fuse([mlp.gate_proj, mlp.up_proj])
-        self.fused = True
+                w.gate_up = fused_module([mlp.gate_proj, mlp.up_proj])
+        self.fused = any(w.qkv is not None or w.gate_up is not None for w in self.layers)
 
     def unfuse(self) -> None:
         """Back to separate products (the projections keep their weights: views of the fused ones)."""
@@ -282,7 +282,7 @@ def lean_decoder(model: PreTrainedModel, fuse_projections: bool = True) -> LeanD
     if decoder is None:
         decoder = _DECODERS[model] = LeanDecoder(model, fuse_projections)
     elif fuse_projections and not decoder.fused:
-        decoder.fuse()
+        decoder.fuse()  # no-op where nothing is fusable
     return decoder
 
 
