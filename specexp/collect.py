@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 METRICS = ("alpha", "drafted_acceptance_rate", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
-           "verify_cost_ratio", "predicted_speedup", "realized_over_predicted", "greedy_match", "n_prompts")
-SHOWN = ("job", "status", "alpha", "tau", "speedup", "predicted_speedup", "cost_ratio_c")
+           "verify_cost_ratio", "k", "mean_k", "k_policy", "predicted_speedup", "realized_over_predicted",
+           "predicted_speedup_iid", "predicted_tokens_per_round", "profile", "greedy_match", "n_prompts")
+SHOWN = ("job", "status", "alpha", "tau", "speedup", "predicted_speedup", "realized_over_predicted", "cost_ratio_c")
 
 
 def job_row(job_dir: Path, root: Path) -> dict:

@@ -29,11 +29,13 @@ def markdown_table(table: pd.DataFrame, digits: int = 3) -> str:
 
 def print_summary(summary: dict, out_dir: Path | None = None, console: Console | None = None) -> None:
     console = console or Console()
-    table = Table(title=f"{summary.get('draft')} on {summary.get('target')}, K={summary.get('k')}")
+    k = summary.get("k") if summary.get("k_policy", "fixed") == "fixed" else f"{summary['k_policy']} (<= {summary['k']})"
+    table = Table(title=f"{summary.get('draft')} on {summary.get('target')}, K={k}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup",
-                "cost_ratio_c", "verify_cost_ratio", "predicted_speedup", "greedy_match", "n_prompts"):
+                "cost_ratio_c", "verify_cost_ratio", "mean_k", "predicted_speedup", "realized_over_predicted",
+                "predicted_speedup_iid", "greedy_match", "n_prompts"):
         table.add_row(key, _fmt(summary.get(key)))
     console.print(table)
     if summary.get("per_category"):

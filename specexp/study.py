@@ -18,13 +18,16 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specexp import metrics
+from specexp import cost_model, metrics
 from specexp.core.engine import GenerationOutput, generate
 from specexp.core.interface import Drafter
+from specexp.core.k_policy import KPolicy
 from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt, encode_prompts
 from specexp.errors import UserInputError
+from specexp.k_choice import make_policy, resolve_draft_k
 from specexp.models import LoadedModel
+from specexp.profile import PROFILED_K, Profile, draft_key, ensure_profile, load_profile
 from specexp.runtime import round_rows
 from specexp.tracking import JobResults
 
@@ -42,6 +45,10 @@ class Study:
     seed: int
     forward: Callable  # the target's forward under the runtime (its lean decoder, or the model)
     runtime: dict  # the runtime's settings and matmul plan, recorded in summary.json
+    profile: Profile | None = None  # this machine's costs, which the cost model prices rounds with
+    draft_name: str = ""  # the draft's entry in the profile
+    k_policy: KPolicy | None = None  # draft.k=auto / heuristic; None: K fixed
+    k_setting: str = "fixed"  # fixed, auto or heuristic
 
 
 def prepare(cfg: DictConfig) -> Study:
@@ -57,8 +64,10 @@ def prepare(cfg: DictConfig) -> Study:
     target = instantiate(cfg.target)
     if target.tokenizer is None:
         raise UserInputError(f"target '{target.name}' has no tokenizer; a study needs one to encode its prompts")
-    drafter = instantiate(cfg.draft)(target)
-    runtime = instantiate(cfg.runtime).prepare(target, drafter, round_rows(cfg.batch_size, drafter.k))
+    draft_cfg, policy = resolve_draft_k(cfg.draft)
+    drafter = instantiate(draft_cfg)(target)
+    # Planned for every pass a profile times (K up to PROFILED_K), so a profile holds for any K a study runs.
+    runtime = instantiate(cfg.runtime).prepare(target, drafter, round_rows(cfg.batch_size, max(drafter.k, PROFILED_K)))
     encoded = encode_prompts(target.tokenizer, prompts, chat_template=cfg.chat_template)
     context = target.context_length
     for prompt, ids in zip(prompts, encoded, strict=False):
@@ -69,8 +78,26 @@ def prepare(cfg: DictConfig) -> Study:
                 f"prompt '{prompt.id}' has {len(ids)} tokens; with max_new_tokens={cfg.max_new_tokens} "
                 f"it exceeds the target's context of {context} tokens"
             )
-    return Study(target, drafter, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
-                 cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record)
+    study = Study(target, drafter, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
+                  cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_name=draft_key(draft_cfg))
+    study.profile = study_profile(cfg, study)
+    study.k_policy = make_policy(policy, study.profile, study.draft_name, drafter)
+    study.k_setting = policy or "fixed"
+    return study
+
+
+def study_profile(cfg: DictConfig, study: Study, force: bool = False) -> Profile | None:
+    """The hardware profile the run is priced with (``profile.path``, or this machine's from the
+    cache, measured first when missing), with an entry for the study's draft."""
+    settings = cfg.profile
+    if settings.path is not None:
+        return load_profile(settings.path, study.draft_name)
+    if not settings.enabled:
+        return None
+    return ensure_profile(study.target, study.forward, study.runtime, study.drafter, study.draft_name,
+                          study.encoded[0], study.batch_size, study.sampling, study.drafter.k,
+                          context_lengths=list(settings.context_lengths), repeats=settings.repeats,
+                          new_tokens=settings.new_tokens, force=force)
 
 
 def make_batches(prompts: list[Prompt], batch_size: int, by_category: bool = True) -> list[list[int]]:
@@ -94,8 +121,10 @@ def round_table(out: GenerationOutput, prompts: list[Prompt], mode: str, batch: 
         "prompt_id": [prompts[i].id for i in b],
         "category": [prompts[i].category for i in b],
         "round": r,
-        "k": k,  # configured K
+        "k": k,  # configured K (its largest under draft.k=auto)
+        "k_chosen": np.asarray(out.k_chosen, dtype=int)[r] if out.k_chosen else 0,  # K asked of the draft that round
         "k_round": out.n_proposed.max(1).values.numpy()[r],  # tokens the target verified that round
+        "context": np.asarray(out.context, dtype=int)[r] if out.context else 0,  # committed tokens of the longest row
         "proposed": out.n_proposed.numpy()[r, b],
         "accepted": out.n_accepted.numpy()[r, b],
         "emitted": out.n_emitted.numpy()[r, b],
@@ -105,12 +134,13 @@ def round_table(out: GenerationOutput, prompts: list[Prompt], mode: str, batch: 
     })
 
 
-def batch_record(out: GenerationOutput, mode: str, batch: int, category: str | None) -> dict:
+def batch_record(out: GenerationOutput, mode: str, batch: int, category: str | None, prompt_length: int) -> dict:
     return {"mode": mode, "batch": batch, "category": category, "tokens": sum(len(t) for t in out.tokens),
-            "total_s": out.total_s, "prefill_s": out.prefill_s}
+            "total_s": out.total_s, "prefill_s": out.prefill_s, "prompt_length": prompt_length}
 
 
-def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_category: bool = True) -> dict:
+def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_category: bool = True,
+              profile: Profile | None = None, draft: str = "") -> dict:
     """Headline metrics of one run; each is defined in specexp.metrics or in the comment here."""
     spec, ar = rounds[rounds["mode"] == "spec"], rounds[rounds["mode"] == "ar"]
     spec_b, ar_b = batches[batches["mode"] == "spec"], batches[batches["mode"] == "ar"]
@@ -127,21 +157,31 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
     # speedup: spec tokens/s over AR tokens/s on the same prompts; under greedy both emit the
     # same tokens, so it equals AR seconds / spec seconds.
     speedup = metrics.safe_ratio(tps_spec, tps_ar) if tps_ar else None
-    predicted = metrics.predicted_speedup(a, k, c)
+    k_chosen = spec_rounds["k_chosen"] if "k_chosen" in spec_rounds else pd.Series([k] * len(spec_rounds))
+    mean_k = float(k_chosen.mean()) if len(spec_rounds) else float(k)
+    curve = metrics.acceptance_curve(spec["proposed"].to_numpy(), spec["accepted"].to_numpy(), k)
+    predicted = {"predicted_speedup": None}
+    if profile is not None and draft in profile.drafts and len(spec) and len(ar):
+        predicted = cost_model.predict_run(spec, ar, batches, k, profile, draft) | {"profile": profile.path}
     summary = {
         "alpha": a,
         "drafted_acceptance_rate": metrics.drafted_acceptance_rate(spec["proposed"].to_numpy(), spec["accepted"].to_numpy()),
-        "acceptance_curve": metrics.acceptance_curve(spec["proposed"].to_numpy(), spec["accepted"].to_numpy(), k),
+        "acceptance_curve": curve,
         "tau": metrics.tau(spec["emitted"].to_numpy()),
         "k": k,
+        "mean_k": mean_k,  # K asked of the draft per round (k itself unless draft.k=auto/heuristic)
         "tokens_per_s_spec": tps_spec,
         "tokens_per_s_ar": tps_ar,
         "speedup": speedup,
         "cost_ratio_c": c,
         # verify cost: seconds of a speculative target pass (K+1 tokens) / one AR step.
         "verify_cost_ratio": metrics.safe_ratio(spec_rounds["target_s"].mean(), ar_step_s),
-        "predicted_speedup": predicted,
-        "realized_over_predicted": metrics.safe_ratio(speedup, predicted) if speedup and predicted else None,
+        # The cost model's (specexp.cost_model): per-position acceptance, this machine's profile.
+        **predicted,
+        "realized_over_predicted": metrics.safe_ratio(speedup, predicted["predicted_speedup"])
+        if speedup and predicted["predicted_speedup"] else None,
+        # Leviathan et al.'s i.i.d. formula with alpha, c and the mean K (a verify pass priced as one AR step).
+        "predicted_speedup_iid": metrics.predicted_speedup(a, mean_k, c),
         "time_split": {  # seconds of the speculative run
             "draft": float(spec_rounds["draft_s"].sum()),
             "target": float(spec_rounds["target_s"].sum()),
@@ -189,14 +229,15 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     target, drafter = study.target, study.drafter
     eos, pad = target.eos_token_ids, target.pad_token_id
 
-    def decode(indices: list[int], with_draft: bool, seed: int, max_new: int) -> GenerationOutput:
+    def decode(indices: list[int], with_draft: bool, seed: int, max_new: int, timed: bool = True) -> GenerationOutput:
         generator = torch.Generator(device=target.model.device).manual_seed(seed)
         return generate(study.forward, [study.encoded[i] for i in indices], drafter if with_draft else None,
-                        study.sampling, max_new, eos, generator, pad)
+                        study.sampling, max_new, eos, generator, pad,
+                        k_policy=study.k_policy if with_draft and timed else None)
 
-    if warmup:  # first calls allocate and pick kernels; keep them out of the timings
-        decode([0], False, study.seed, 4)
-        decode([0], True, study.seed, 4)
+    if warmup:  # first calls allocate and pick kernels; keep them out of the timings (and the policy's counts)
+        decode([0], False, study.seed, 4, timed=False)
+        decode([0], True, study.seed, 4, timed=False)
 
     batches = make_batches(study.prompts, study.batch_size, study.batch_by_category)
     rounds, batch_records, all_answers = [], [], []
@@ -209,7 +250,9 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
         batch_prompts = [study.prompts[i] for i in indices]
         category = batch_prompts[0].category
         rounds += [round_table(spec, batch_prompts, "spec", n, drafter.k), round_table(ar, batch_prompts, "ar", n, 0)]
-        batch_records += [batch_record(spec, "spec", n, category), batch_record(ar, "ar", n, category)]
+        prompt_length = max(len(study.encoded[i]) for i in indices)
+        batch_records += [batch_record(spec, "spec", n, category, prompt_length),
+                          batch_record(ar, "ar", n, category, prompt_length)]
         answers = _answer_rows(study.prompts, indices, spec, ar, target.tokenizer)
         all_answers += answers
         results.add_answers(answers)
@@ -217,7 +260,9 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
                              ar_tok_s=f"{batch_records[-1]['tokens'] / ar.total_s:.1f}")
 
     rounds_df = pd.concat(rounds, ignore_index=True)
-    summary = summarize(rounds_df, pd.DataFrame(batch_records), drafter.k, study.batch_by_category)
+    summary = summarize(rounds_df, pd.DataFrame(batch_records), drafter.k, study.batch_by_category, study.profile,
+                        study.draft_name)
+    summary["k_policy"] = study.k_setting
     # greedy_match: fraction of prompts whose speculative tokens equal the AR baseline's.
     # Only defined under greedy decoding, where it must be 1.0.
     summary["greedy_match"] = float(np.mean([a["identical"] for a in all_answers])) if study.sampling.greedy else None

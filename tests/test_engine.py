@@ -1,9 +1,11 @@
 """The round engine: greedy exactness, sampled distributions, EOS/limit boundaries, seeds."""
 
+import numpy as np
 import pytest
 import torch
 
 from specexp.core.engine import generate
+from specexp.core.k_policy import HeuristicK, truncate
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.early_exit import early_exit_drafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
@@ -41,6 +43,51 @@ def test_greedy_is_token_identical_to_target_alone(target, other_draft, prompts,
     if kind == "agree":  # a perfect draft: the prompt pass gives 1 token, then every round K+1
         assert rounds.tolist() == [-(-23 // (k + 1))] * len(batch_prompts)
         assert bool((spec.n_accepted[spec.active] == k).all())
+
+
+class ScriptedK:
+    """Asks each round for a K drawn at random from 0..k_max (0: no draft) and keeps a random
+    prefix of what was proposed: any choice a K policy can make."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def begin(self, batch_size, k_max):
+        self.k_max, self.first = k_max, [0, k_max, 0]  # every K the test names comes early
+
+    def choose(self, ctx):
+        return self.first.pop(0) if self.first else int(self.rng.integers(0, self.k_max + 1))
+
+    def shorten(self, proposal, ctx):
+        return truncate(proposal, int(self.rng.integers(0, proposal.tokens.shape[1] + 1)))
+
+    def observe(self, proposal, n_accepted, active):
+        pass
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_any_k_each_round_is_token_identical_to_target_alone(target, other_draft, prompts, ngram_files, kind):
+    """draft.k=auto's mechanics: every draft stays exact when K changes every round, when a round
+    skips the draft (it catches up next time) and when its proposal is cut short."""
+    alone = _gen(target, prompts, None)
+    g = torch.Generator().manual_seed(0)
+    spec = generate(target.model, prompts, make_drafter(kind, target, other_draft, 4, ngram_files), GREEDY, 24, NO_EOS,
+                    g, k_policy=ScriptedK(seed=len(kind)))
+    assert spec.tokens == alone.tokens
+    assert 0 in spec.k_chosen and max(spec.k_chosen) == 4 and int(spec.n_proposed.sum()) > 0
+
+
+def test_heuristic_k_grows_after_full_acceptance_and_shrinks_after_a_miss(target, other_draft, prompts):
+    policy = HeuristicK(start=2)
+    agree = _gen(target, prompts[:1], None)
+    spec = generate(target.model, prompts[:1], make_drafter("agree", target, other_draft, 8, {}), GREEDY, 24, NO_EOS,
+                    torch.Generator().manual_seed(0), k_policy=policy)
+    assert spec.tokens == agree.tokens
+    assert spec.k_chosen[:4] == [2, 4, 6, 8]  # a perfect draft: +2 a round up to k_max
+    disagree = generate(target.model, prompts[:1], SmallLMDrafter(target, other_draft, k=8), GREEDY, 24, NO_EOS,
+                        torch.Generator().manual_seed(0), k_policy=HeuristicK())
+    steps = np.diff(disagree.k_chosen)
+    assert set(steps.tolist()) <= {-1, 0, 2} and -1 in steps.tolist()
 
 
 def test_agreeing_draft_accepts_everything_and_others_do_not(target, other_draft, prompts):

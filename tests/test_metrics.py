@@ -53,5 +53,6 @@ def test_summary_of_a_hand_made_run():
     assert s["speedup"] == pytest.approx(1.5)
     assert s["cost_ratio_c"] == pytest.approx(0.005 / 0.1)
     assert s["verify_cost_ratio"] == pytest.approx(2.0)
-    assert s["predicted_speedup"] == pytest.approx(metrics.predicted_speedup(0.6, 2, 0.05))
+    assert s["predicted_speedup_iid"] == pytest.approx(metrics.predicted_speedup(0.6, 2, 0.05))
+    assert s["predicted_speedup"] is None and s["realized_over_predicted"] is None  # no hardware profile given
     assert s["per_category"]["c"]["speedup"] == pytest.approx(1.5)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specexp.core.interface import Context, Drafter, Proposal, SharesTargetPass
+from specexp.core.k_policy import KPolicy
 from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.core.verify import speculative_verify
@@ -28,6 +29,8 @@ class GenerationOutput:
     n_accepted: torch.Tensor  # [R, B] of those, accepted by the rule
     n_emitted: torch.Tensor  # [R, B] tokens committed (accepted + resampled/bonus, cut at EOS/limit)
     active: torch.Tensor  # [R, B] bool: row still generating in that round
+    k_chosen: list[int] = field(default_factory=list)  # [R] K asked of the draft (0: no draft that round)
+    context: list[int] = field(default_factory=list)  # [R] committed tokens of the longest row (what the pass attends to)
     draft_s: list[float] = field(default_factory=list)  # [R] seconds proposing
     target_s: list[float] = field(default_factory=list)  # [R] seconds in the target pass + warp
     verify_s: list[float] = field(default_factory=list)  # [R] seconds verifying, committing, rewinding
@@ -85,8 +88,13 @@ def generate(
     generator: torch.Generator | None = None,
     pad_token_id: int = 0,
     clock: Callable[[], float] = time.perf_counter,
+    k_policy: KPolicy | None = None,
 ) -> GenerationOutput:
-    """Decode a batch of prompts speculatively (or autoregressively when drafter is None)."""
+    """Decode a batch of prompts speculatively (or autoregressively when drafter is None).
+
+    ``k_policy`` chooses each round's K (up to ``drafter.k``; 0 runs the round without the
+    draft) and may shorten the proposal; without one the draft proposes up to ``drafter.k``.
+    """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -126,6 +134,8 @@ def generate(
         drafter.attach(kv)
     if drafter is not None:
         drafter.reset(ctx)
+    if k_policy is not None:
+        k_policy.begin(B, k_max)
     sync()
     prefill_s = clock() - start_time
 
@@ -133,15 +143,24 @@ def generate(
     logs: dict[str, list[torch.Tensor]] = {"n_proposed": [], "n_accepted": [], "n_emitted": [], "active": []}
     while not bool(ctx.done.all()):  # the round's host sync
         t0 = clock()
+        out.context.append(int(ctx.lengths.max()))
         # 1. Propose up to K tokens per row with their q.
-        proposal = no_draft if drafter is None else drafter.propose(ctx, sampling, generator)
+        k_round = k_max if k_policy is None else k_policy.choose(ctx)
+        if k_round == 0:
+            proposal = no_draft  # the draft sits the round out (and is not told about it: it catches up next time)
+        else:
+            drafter.k = k_round
+            proposal = drafter.propose(ctx, sampling, generator)
+            if k_policy is not None and not shared_pass:  # a shared draft's pass continues all it drafted
+                proposal = k_policy.shorten(proposal, ctx)
+        out.k_chosen.append(k_round)
         K = proposal.tokens.shape[1]
         sync()
         t1 = clock()
 
         # 2. One target pass over [tip, x_1..x_K]: p at K+1 positions.
         inputs = torch.cat([tip[:, None], proposal.tokens], dim=1)  # [B, K+1]
-        if shared_pass:  # an early-exit draft already ran its layers for the tip and x_1..x_{K-1}
+        if shared_pass and k_round > 0:  # an early-exit draft already ran its layers for the tip and x_1..x_{K-1}
             logits = drafter.target_forward(inputs)
         else:
             logits = kv.forward(target, inputs, logits_to_keep=K + 1)  # [B, K+1, V]
@@ -160,8 +179,10 @@ def generate(
 
         # 5. Rewind: the target keeps tip, x_1..x_n; the draft rewinds itself.
         kv.drop_last(K - n_accepted)
-        if drafter is not None:
+        if k_round > 0:
             drafter.update(ctx, proposal, n_accepted)
+        if k_policy is not None:
+            k_policy.observe(proposal, n_accepted, active)
         tip = next_token
         for name, value in (("n_proposed", proposal.n_proposed), ("n_accepted", n_accepted),
                             ("n_emitted", n_emit), ("active", active)):
@@ -172,6 +193,8 @@ def generate(
         out.verify_s.append(t3 - t2)
 
     out.total_s = clock() - start_time
+    if drafter is not None:
+        drafter.k = k_max
     out.prefill_s = prefill_s
     for name, values in logs.items():
         empty = torch.zeros(0, B, dtype=torch.bool if name == "active" else torch.long)

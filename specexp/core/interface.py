@@ -35,6 +35,9 @@ class Proposal:
     tokens: torch.Tensor  # [B, K] long
     probs: torch.Tensor  # [B, K, V]: q, one-hot for deterministic drafts
     n_proposed: torch.Tensor  # [B] long in 0..K
+    # [B] long or None: what the draft knew of each row's proposal, grouping rounds whose tokens are
+    # accepted alike (prompt lookup: the length of the n-gram match); `draft.k=auto` learns per group
+    group: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, batch_size: int, vocab_size: int, device: torch.device) -> "Proposal":

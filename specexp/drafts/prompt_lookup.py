@@ -51,6 +51,7 @@ class PromptLookupDrafter:
             max_tokens_after_match = DEFAULT_CAPS[:max_n]
         self.caps = check_caps(max_tokens_after_match, max_n)
         self.k, self.max_n, self.min_n, self.choice = k, max_n, min_n, choice
+        self.groups = max_n + 1  # proposals are grouped by match length 0..max_n (draft.k=auto keeps what pays)
         self.vocab_size = target.vocab_size  # q lives on the target's vocabulary
         self.indexes: list[ContextIndex] = []
 
@@ -60,12 +61,11 @@ class PromptLookupDrafter:
 
     def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         done = ctx.done.tolist()
-        found = [[] if done[b] else self._lookup(index) for b, index in enumerate(self.indexes)]
-        return one_hot_proposal(found, self.vocab_size, ctx.tokens.device)
-
-    def _lookup(self, index: ContextIndex) -> list[int]:
-        n, continuation = index.lookup(self.k, self.choice)
-        return cap_continuation(continuation, n, self.caps, self.k)
+        matches = [(0, []) if done[b] else index.lookup(self.k, self.choice) for b, index in enumerate(self.indexes)]
+        found = [cap_continuation(continuation, n, self.caps, self.k) for n, continuation in matches]
+        proposal = one_hot_proposal(found, self.vocab_size, ctx.tokens.device)
+        proposal.group = torch.tensor([n for n, _ in matches], dtype=torch.long, device=ctx.tokens.device)
+        return proposal
 
     def update(self, ctx: Context, proposal: Proposal | None, n_accepted: torch.Tensor | None) -> None:
         # Index what was committed since the last call; nothing to rewind.

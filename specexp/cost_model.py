@@ -1,0 +1,102 @@
+"""The calibrated cost model: what a round of speculative decoding yields and what it costs.
+
+Tokens come from the measured per-position acceptance, not an i.i.d. alpha: a round that
+proposes p tokens commits 1 + sum_{i<=p} prod_{j<=i} a_j of them in expectation, where a_j is
+P(position j accepted | positions < j accepted) (`metrics.acceptance_curve`). Seconds come from
+the machine's hardware profile (`specexp.profile`): the target's pass over n tokens at the
+context length of the round T(n, L), the draft's cost of proposing K tokens, the engine's
+bookkeeping per round, and the prompt pass. The speedup it predicts is AR seconds per token
+over speculative seconds per token, prompt passes included, as the study measures it.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from specexp.metrics import acceptance_curve
+
+
+def filled_curve(curve: Sequence[float | None], k: int) -> np.ndarray:
+    """The acceptance curve at positions 1..k [k]: a position no round reached takes the last
+    measured value (later positions of a draft are accepted at least as often as earlier ones in
+    every study we ran); with nothing measured, 0."""
+    filled, last = [], next((a for a in curve if a is not None), 0.0)
+    for i in range(k):
+        last = curve[i] if i < len(curve) and curve[i] is not None else last
+        filled.append(last)
+    return np.asarray(filled, dtype=float)
+
+
+def acceptance_by_length(proposed: np.ndarray, accepted: np.ndarray, k: int, weight: float = 4.0) -> np.ndarray:
+    """Per-position acceptance among rounds that proposed exactly p tokens [k+1, k] (row p = 0..k).
+
+    A draft that proposes few tokens when unsure (prompt lookup after a short match, a confidence
+    threshold) is accepted less in those rounds, so one curve over all rounds under-counts the
+    long ones. Each row is shrunk toward the pooled curve by ``weight`` pseudo-rounds, so a rare
+    length borrows from the rest.
+    """
+    proposed, accepted = np.asarray(proposed), np.asarray(accepted)
+    pooled = filled_curve(acceptance_curve(proposed, accepted, k), k)
+    table = np.tile(pooled, (k + 1, 1))
+    for p in np.unique(proposed[proposed > 0]):
+        rows = proposed == p
+        for i in range(1, int(p) + 1):
+            reached = rows & (accepted >= i - 1)
+            table[p, i - 1] = ((accepted[reached] >= i).sum() + weight * pooled[i - 1]) / (reached.sum() + weight)
+    return table
+
+
+def expected_emitted(table: np.ndarray, proposed: np.ndarray, limit: int | None = None) -> np.ndarray:
+    """Expected tokens committed by rounds whose draft proposed these many tokens (any shape),
+    kept to the first ``limit`` of them: 1 + sum_{i <= min(p, limit)} prod_{j <= i} a_{p, j}."""
+    proposed = np.asarray(proposed, dtype=int)
+    run = np.cumprod(table, axis=1)  # [k+1, k]: P(first i accepted | p proposed)
+    cumulative = np.concatenate([np.zeros((len(table), 1)), np.cumsum(run, axis=1)], axis=1)  # [k+1, k+1]
+    kept = proposed if limit is None else np.minimum(proposed, limit)
+    return 1.0 + cumulative[proposed, kept]
+
+
+def best_k(tokens_per_round: np.ndarray, seconds_per_round: np.ndarray) -> int:
+    """The K (index into the arrays, K = 0..K_max) with the most tokens per second."""
+    return int(np.argmax(np.asarray(tokens_per_round) / np.asarray(seconds_per_round)))
+
+
+def speedup(ar_seconds: float, spec_seconds: float, ar_tokens: float, spec_tokens: float) -> float:
+    """Tokens per second of the speculative run over the AR run's."""
+    return float((spec_tokens / spec_seconds) / (ar_tokens / ar_seconds))
+
+
+def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: int, profile, draft: str) -> dict:
+    """The speedup the cost model predicts for a finished run, and the seconds it prices.
+
+    spec, ar: the run's round tables (one row per active prompt and round, with the round's
+    `k_chosen`, `k_round` and `context`); batches: one row per (mode, batch) with `tokens` and
+    `prompt_length`. A speculative round costs the draft's seconds for the K it was asked for
+    plus T(k_round + 1, context) plus the engine's bookkeeping, and yields what the per-position
+    acceptance (by proposal length) expects of the tokens its rows proposed; an AR round costs T(1, context) plus the
+    bookkeeping. Prompt passes (and the draft's reset) are priced at each batch's prompt length.
+    """
+    spec_rounds, ar_rounds = spec.drop_duplicates(["batch", "round"]), ar.drop_duplicates(["batch", "round"])
+    drafted = spec_rounds["k_chosen"].to_numpy() > 0
+    passes = spec_rounds["k_round"].to_numpy() + 1
+    contexts = spec_rounds["context"].to_numpy()
+    draft_s = float(profile.draft_s(draft, spec_rounds["k_chosen"].to_numpy()).sum())
+    target_s = float(sum(profile.pass_s(n, c, draft if d else None) for n, c, d in zip(passes, contexts, drafted,
+                                                                                        strict=True)))
+    overhead_s = profile.overhead_s * len(spec_rounds)
+    table = acceptance_by_length(spec["proposed"].to_numpy(), spec["accepted"].to_numpy(), k)
+    expected = float(expected_emitted(table, spec["proposed"].to_numpy()).sum())
+    spec_b, ar_b = batches[batches["mode"] == "spec"], batches[batches["mode"] == "ar"]
+    prefill_ar = float(sum(profile.prefill(p) for p in ar_b["prompt_length"]))
+    prefill_spec = float(sum(profile.prefill(p) for p in spec_b["prompt_length"])) + profile.reset_s(draft) * len(spec_b)
+    # Tokens after each row's first (which the prompt pass yields), at the rate the model expects.
+    spec_round_tokens = float(spec["emitted"].sum())
+    spec_s = prefill_spec + spec_round_tokens * (draft_s + target_s + overhead_s) / expected
+    ar_s = prefill_ar + float(sum(profile.pass_s(1, c) for c in ar_rounds["context"])) + profile.overhead_s * len(ar_rounds)
+    return {
+        "predicted_speedup": speedup(ar_s, spec_s, float(ar_b["tokens"].sum()), float(spec_b["tokens"].sum())),
+        "predicted_tokens_per_round": expected / len(spec) if len(spec) else None,
+        "predicted_time_split": {"draft": draft_s, "target": target_s, "verify": overhead_s, "prefill": prefill_spec,
+                                 "ar_total": ar_s, "spec_total": spec_s},
+    }

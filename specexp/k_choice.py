@@ -1,0 +1,52 @@
+"""`draft.k`: a number, `auto` (the cost model's choice each round, `core/k_policy.ModelK`) or
+`heuristic` (HF's num_assistant_tokens_schedule, `core/k_policy.HeuristicK`), wired to a study."""
+
+import numpy as np
+from omegaconf import DictConfig, open_dict
+
+from specexp.core.interface import SharesTargetPass
+from specexp.core.k_policy import HeuristicK, KPolicy, ModelK
+from specexp.errors import UserInputError
+from specexp.profile import Profile
+
+POLICIES = ("auto", "heuristic")
+DEFAULT_K_MAX = 8
+
+
+def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
+    """The draft config to build and the K policy (None: a fixed K). With a policy the draft is
+    built for ``k_max`` tokens, and a prompt lookup without caps of its own gets none: which
+    tokens after a short match are worth verifying is the policy's choice too."""
+    draft_cfg = draft_cfg.copy()
+    k = draft_cfg.get("k")
+    with open_dict(draft_cfg):
+        k_max = draft_cfg.pop("k_max", DEFAULT_K_MAX)
+        if not isinstance(k, str):
+            return draft_cfg, None
+        if k not in POLICIES:
+            raise UserInputError(f"draft.k={k} is not allowed; give an integer >= 1, or one of: {', '.join(POLICIES)}")
+        if not isinstance(k_max, int) or k_max < 1:
+            raise UserInputError(f"draft.k_max={k_max} is not allowed; it must be an integer >= 1")
+        draft_cfg.k = k_max
+        if "max_tokens_after_match" in draft_cfg and draft_cfg.max_tokens_after_match is None:
+            draft_cfg.max_tokens_after_match = []
+    return draft_cfg, k
+
+
+def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) -> KPolicy | None:
+    if name is None:
+        return None
+    if name == "heuristic":
+        return HeuristicK()
+    if profile is None:
+        raise UserInputError("draft.k=auto needs a hardware profile; set profile.enabled=true or give profile.path")
+    k_max = drafter.k
+    shared = isinstance(drafter, SharesTargetPass)
+    sizes = np.arange(1, k_max + 2)  # a round with K = 0..k_max draft tokens passes K + 1
+
+    def pass_seconds(context: int) -> np.ndarray:
+        seconds = profile.pass_s(sizes, context, draft if shared else None)
+        seconds[0] = profile.pass_s(1, context)  # K = 0: the target's own pass
+        return seconds + profile.overhead_s
+
+    return ModelK(pass_seconds, profile.draft_s(draft, np.arange(k_max + 1)), groups=getattr(drafter, "groups", 1))

@@ -1,0 +1,313 @@
+"""Hardware profiles: what a target pass and a draft round cost on this machine.
+
+`python -m specexp.profile [overrides]` (the same config groups as a study) measures, under the
+study's runtime, batch size and sampling:
+  - T(n, L): the target's pass over n = 1..N new tokens (forward + warp, as the engine times its
+    `target_s`) at a few context lengths L, n taking turns so drift hits every n alike;
+  - the engine's bookkeeping per round (verify, commit, rewind) and the prompt pass at each L;
+  - per draft: seconds proposing K = 1..K_max tokens per round (and, for a draft that runs the
+    target's pass itself, that pass), from short decodes of the study's first prompt.
+A profile is JSON in the cache, one file per hardware fingerprint, target, dtype, runtime,
+batch size and sampling; draft entries are added as studies with new drafts need them. A study
+without one builds it first (about a minute), with progress. `specexp.cost_model` prices
+rounds with it; `python -m specexp.predict` re-prices a finished sweep under another.
+"""
+
+import hashlib
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from specexp.core.engine import generate
+from specexp.core.interface import SharesTargetPass
+from specexp.core.kv import new_ragged_kv
+from specexp.core.sampling import SamplingConfig, logits_to_probs
+from specexp.errors import UserInputError
+from specexp.models import cache_root
+from specexp.runtime.matmul import hardware_fingerprint
+from specexp.tracking import write_atomic
+
+PROFILE_METHOD = "interleaved-median-v1"  # changes to how profiles are measured invalidate cached ones
+CONTEXT_LENGTHS = (64, 256, 1024)
+PROFILED_K = 8  # draft rounds and target passes are measured up to this K at least (figures draw K = 1..8)
+
+
+def interpolate(x: float, xs: list[float], ys: np.ndarray) -> np.ndarray:
+    """ys [len(xs), ...] at x: linear between the measured xs, extended along the nearest segment."""
+    if len(xs) == 1:
+        return np.asarray(ys[0])
+    i = int(np.clip(np.searchsorted(xs, x) - 1, 0, len(xs) - 2))
+    w = (x - xs[i]) / (xs[i + 1] - xs[i])
+    return (1 - w) * np.asarray(ys[i]) + w * np.asarray(ys[i + 1])
+
+
+@dataclass
+class Profile:
+    key: dict  # what the timings depend on: fingerprint, target, dtype, runtime, batch size, sampling
+    context_lengths: list[int]
+    target_s: list[list[float]]  # [L][n-1]: T(n, L), seconds of a pass over n new tokens
+    overhead_s: float  # per round: verify, commit, rewind
+    prefill_s: list[float]  # [L]: the prompt pass over L tokens (with the first token's warp)
+    drafts: dict[str, dict] = field(default_factory=dict)  # draft key -> {k, draft_s, reset_s[, pass_s]}
+    path: str | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return len(self.target_s[0])
+
+    def pass_s(self, n: int | np.ndarray, context: float, draft: str | None = None) -> np.ndarray:
+        """T(n, L) for pass sizes n (any shape): interpolated in L, extended linearly past the largest
+        n measured. A draft that runs the target's pass itself has its own (measured at one L)."""
+        own = self.drafts.get(draft, {}).get("pass_s") if draft else None
+        by_n = np.asarray(own) if own else interpolate(context, self.context_lengths, np.asarray(self.target_s))
+        n = np.asarray(n)
+        slope = by_n[-1] - by_n[-2] if len(by_n) > 1 else 0.0
+        return np.where(n <= len(by_n), by_n[np.clip(n, 1, len(by_n)) - 1], by_n[-1] + slope * (n - len(by_n)))
+
+    def prefill(self, length: float) -> float:
+        return float(interpolate(length, self.context_lengths, np.asarray(self.prefill_s)))
+
+    def draft_s(self, draft: str, k: int | np.ndarray) -> np.ndarray:
+        """The draft's seconds per round asked for k tokens (0 at k = 0), extended linearly past its largest k."""
+        ks, seconds = self.drafts[draft]["k"], np.asarray(self.drafts[draft]["draft_s"])
+        k = np.asarray(k)
+        slope = seconds[-1] - seconds[-2] if len(seconds) > 1 else 0.0
+        inside = seconds[np.clip(k, 1, len(ks)) - 1]
+        return np.where(k == 0, 0.0, np.where(k <= len(ks), inside, seconds[-1] + slope * (k - len(ks))))
+
+    def reset_s(self, draft: str) -> float:
+        return float(self.drafts[draft]["reset_s"])
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {k: v for k, v in asdict(self).items() if k != "path"}
+        write_atomic(path, (json.dumps(record, indent=1) + "\n").encode())
+        self.path = str(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "Profile":
+        record = json.loads(Path(path).read_text())
+        return cls(**{k: v for k, v in record.items() if k in cls.__dataclass_fields__}, path=str(path))
+
+
+def short_hash(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def profile_key(target, runtime_record: dict, batch_size: int, sampling: SamplingConfig, measurement: dict) -> dict:
+    """What a profile's timings depend on (the runtime's settings, not its plan's details) and how
+    they were measured (a quick profile is never taken for a careful one)."""
+    runtime = {k: v for k, v in runtime_record.items() if k in ("name", "fuse_projections", "cache", "compile",
+                                                                "compile_mode", "matmul_plan")}
+    return {**hardware_fingerprint(target.model.device), "method": PROFILE_METHOD, "measurement": measurement,
+            "target": target.name, "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."),
+            "runtime": runtime, "batch_size": batch_size, "sampling": asdict(sampling)}
+
+
+def draft_key(draft_cfg: DictConfig) -> str:
+    """A draft's entry: its config but K (every K is measured)."""
+    plain = OmegaConf.to_container(draft_cfg, resolve=True)
+    for name in ("k", "k_max"):
+        plain.pop(name, None)
+    return f"{str(plain.get('_target_', '')).rsplit('.', 1)[-1]}-{short_hash(plain)}"
+
+
+def profile_path(key: dict) -> Path:
+    return cache_root() / "profiles" / f"{short_hash(key)}.json"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def measure_target(forward, batch_size: int, max_tokens: int, context_lengths: list[int], sampling: SamplingConfig,
+                   repeats: int = 9, progress: tqdm | None = None) -> tuple[list[list[float]], list[float]]:
+    """T(n, L) [L][n-1] and the prompt pass at each L, medians over ``repeats`` turns (one more warms up)."""
+    device = forward.device
+    vocab_size = forward.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    target_s, prefill_s = [], []
+    for length in context_lengths:
+        ids = torch.randint(vocab_size, (batch_size, length + max_tokens), generator=generator).to(device)
+        mask = torch.ones(batch_size, length, dtype=torch.long, device=device)
+        kv = new_ragged_kv(forward, batch_size, device, capacity=length + max_tokens)
+        prompt_times, times = [], {n: [] for n in range(1, max_tokens + 1)}
+        for repeat in range(repeats + 1):
+            _sync(device)
+            start = time.perf_counter()
+            logits_to_probs(kv.forward(forward, ids[:, :length], mask, logits_to_keep=1), sampling)
+            _sync(device)
+            prompt_times.append(time.perf_counter() - start)
+            for n in range(1, max_tokens + 1):
+                start = time.perf_counter()
+                logits_to_probs(kv.forward(forward, ids[:, length : length + n], logits_to_keep=n), sampling)
+                _sync(device)
+                if repeat:
+                    times[n].append(time.perf_counter() - start)
+                kv.drop_last(torch.full((batch_size,), n, device=device))
+            kv.drop_last(torch.full((batch_size,), length, device=device))
+            if progress is not None:
+                progress.update(1)
+        target_s.append([statistics.median(times[n]) for n in times])
+        prefill_s.append(statistics.median(prompt_times[1:]))
+    return target_s, prefill_s
+
+
+def _decode(forward, prompt: list[int], batch_size: int, drafter, sampling, new_tokens: int, target):
+    generator = torch.Generator(device=target.model.device).manual_seed(0)
+    return generate(forward, [prompt] * batch_size, drafter, sampling, new_tokens, target.eos_token_ids, generator,
+                    target.pad_token_id)
+
+
+def measure_overhead(forward, target, prompt: list[int], batch_size: int, sampling, new_tokens: int = 32) -> tuple[float, float]:
+    """The engine's seconds per AR round outside the target pass (verify, commit, rewind) and the
+    whole prompt pass as the engine times it."""
+    _decode(forward, prompt, batch_size, None, sampling, 4, target)  # warm-up
+    out = _decode(forward, prompt, batch_size, None, sampling, new_tokens, target)
+    return statistics.median(np.add(out.draft_s, out.verify_s)), out.prefill_s
+
+
+def measure_draft(forward, target, drafter, prompt: list[int], batch_size: int, sampling, ks: list[int],
+                  ar_prefill_s: float, new_tokens: int = 32, progress: tqdm | None = None) -> dict:
+    """A draft's median seconds per round asked for each k (the rounds of short decodes of a real
+    prompt, so catching up on accepted tokens is counted as it happens), its reset at the prompt
+    pass, and for a draft that runs the target's pass itself, that pass by size."""
+    k_max = drafter.k
+    draft_s, prefill, passes = [], [], {}
+    try:
+        _decode(forward, prompt, batch_size, drafter, sampling, 4, target)  # warm-up
+        for k in ks:
+            drafter.k = k
+            out = _decode(forward, prompt, batch_size, drafter, sampling, new_tokens, target)
+            draft_s.append(statistics.median(out.draft_s))
+            prefill.append(out.prefill_s)
+            for n, seconds in zip(out.n_proposed.max(1).values.tolist(), out.target_s, strict=True):
+                passes.setdefault(n + 1, []).append(seconds)
+            if progress is not None:
+                progress.update(1)
+    finally:
+        drafter.k = k_max
+    entry = {"k": list(ks), "draft_s": draft_s, "reset_s": max(statistics.median(prefill) - ar_prefill_s, 0.0)}
+    if isinstance(drafter, SharesTargetPass):
+        entry["pass_s"] = fill_by_size({n: statistics.median(s) for n, s in passes.items()}, max(ks) + 1)
+    return entry
+
+
+def fill_by_size(measured: dict[int, float], n_max: int) -> list[float]:
+    """Seconds by pass size 1..n_max from the sizes seen (linear between them, flat past the ends)."""
+    sizes = sorted(measured)
+    return list(np.interp(np.arange(1, n_max + 1), sizes, [measured[n] for n in sizes]))
+
+
+def load_profile(path: str | Path, draft: str | None = None) -> Profile:
+    """A profile file given by hand (``profile.path``); it must price the study's draft."""
+    if not Path(path).is_file():
+        raise UserInputError(f"profile.path='{path}' is not a file; give a profile JSON (python -m specexp.profile "
+                             "writes one) or profile.path=null for this machine's")
+    profile = Profile.load(Path(path))
+    if draft is not None and draft not in profile.drafts:
+        raise UserInputError(f"the profile '{path}' has no entry for this draft ({draft}); it prices: "
+                             f"{', '.join(profile.drafts) or 'no draft'}")
+    return profile
+
+
+def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: str, prompt: list[int], batch_size: int,
+                   sampling: SamplingConfig, k_max: int, context_lengths: list[int] = CONTEXT_LENGTHS,
+                   repeats: int = 9, new_tokens: int = 32, force: bool = False) -> Profile:
+    """The profile of this machine and setting, with an entry for this draft: loaded from the cache,
+    or measured (with progress) and cached first."""
+    measurement = {"context_lengths": list(context_lengths), "repeats": repeats, "new_tokens": new_tokens}
+    key = profile_key(target, runtime_record, batch_size, sampling, measurement)
+    path = profile_path(key)
+    max_tokens = max(k_max, PROFILED_K) + 1
+    profile = None if force or not path.exists() else Profile.load(path)
+    if profile is not None and profile.max_tokens < max_tokens:
+        profile = None  # this study passes more tokens than the cached profile measured
+    context = target.context_length or max(context_lengths) + max_tokens
+    lengths = [length for length in context_lengths if length + max_tokens <= context] or [max(context - max_tokens, 1)]
+    ks = list(range(1, max_tokens))
+    need_draft = drafter is not None and (profile is None or len(profile.drafts.get(draft_name, {}).get("k", [])) < len(ks))
+    steps = (0 if profile is not None else len(lengths) * (repeats + 1) + 1) + (len(ks) if need_draft else 0)
+    if steps == 0:
+        return profile
+    with tqdm(total=steps, desc="hardware profile", unit="step", dynamic_ncols=True, file=sys.stderr) as progress:
+        if profile is None:
+            target_s, prefill_s = measure_target(forward, batch_size, max_tokens, lengths, sampling, repeats, progress)
+            overhead_s, _ = measure_overhead(forward, target, prompt, batch_size, sampling, new_tokens)
+            progress.update(1)
+            profile = Profile(key, lengths, target_s, overhead_s, prefill_s)
+        if need_draft:
+            _, ar_prefill_s = measure_overhead(forward, target, prompt, batch_size, sampling, new_tokens=2)
+            profile.drafts[draft_name] = measure_draft(forward, target, drafter, prompt, batch_size, sampling, ks,
+                                                       ar_prefill_s, new_tokens, progress)
+    profile.save(path)
+    return profile
+
+
+def describe(profile: Profile) -> str:
+    """The profile as a few lines of text: T(n)/T(1) at each context length, then each draft."""
+    lines = [f"{profile.key['target']} on {profile.key['cpu']}" + (f" / {profile.key['gpu']}" if "gpu" in profile.key else "")
+             + f", batch {profile.key['batch_size']}, runtime {profile.key['runtime'].get('name')}",
+             f"bookkeeping per round {profile.overhead_s * 1e3:.2f} ms"]
+    for length, seconds, prefill in zip(profile.context_lengths, profile.target_s, profile.prefill_s, strict=True):
+        ratios = " ".join(f"{s / seconds[0]:.2f}" for s in seconds)
+        lines.append(f"L={length}: T(1) {seconds[0] * 1e3:.2f} ms, T(n)/T(1) n=1..{len(seconds)}: {ratios}; "
+                     f"prompt pass {prefill * 1e3:.1f} ms")
+    for name, entry in profile.drafts.items():
+        per_k = " ".join(f"{s * 1e3:.2f}" for s in entry["draft_s"])
+        lines.append(f"draft {name}: ms per round for k=1..{len(entry['k'])}: {per_k}; reset {entry['reset_s'] * 1e3:.1f} ms")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m specexp.profile [--out FILE] [overrides]`: measure (force=true: again) and print
+    this machine's profile for a study's setting; draft=a,b,... profiles several drafts."""
+    from hydra import compose, initialize_config_dir
+
+    from specexp.cli import CONFIG_DIR, unknown_choice, user_error
+    from specexp.study import prepare, study_profile
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = None
+    if "--out" in args:
+        i = args.index("--out")
+        if i + 1 >= len(args):
+            sys.exit("error: --out needs a file name")
+        out = Path(args.pop(i + 1))
+        args.pop(i)
+    if (message := unknown_choice(args)) is not None:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    drafts = next((a.partition("=")[2].split(",") for a in args if a.startswith("draft=")), [None])
+    for draft in drafts:
+        overrides = [a for a in args if not a.startswith("draft=")] + ([f"draft={draft}"] if draft else [])
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose("config", overrides=overrides + ["profile.enabled=false"])
+        try:
+            study = prepare(cfg)
+            cfg.profile.enabled = True
+            profile = study_profile(cfg, study, force=cfg.force)
+        except Exception as exc:
+            if (error := user_error(exc)) is None:
+                raise
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+        cfg.force = False  # the target's part is measured once; later drafts add their entries
+        if out is not None:
+            profile.save(out)
+        print(describe(profile))
+        print(f"profile: {profile.path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The calibrated cost model on hand-checked cases: acceptance by proposal length, expected tokens,
+the prediction for a hand-made run under a hand-written profile, and draft.k=auto's choices."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from specexp import cost_model
+from specexp.core.interface import Context, Proposal
+from specexp.core.k_policy import ModelK, expected_tokens
+from specexp.profile import Profile
+from specexp.study import summarize
+
+
+def hand_profile(pass_s=(0.1, 0.1, 0.2), overhead_s=0.01, draft_s=(0.005, 0.010), reset_s=0.02) -> Profile:
+    """T(n) the same at every context (two lengths measured), a draft costing 5 ms per token."""
+    return Profile(key={"target": "t", "cpu": "hand", "batch_size": 1, "runtime": {"name": "lean"}},
+                   context_lengths=[64, 256], target_s=[list(pass_s), list(pass_s)], overhead_s=overhead_s,
+                   prefill_s=[0.05, 0.2], drafts={"d": {"k": list(range(1, len(draft_s) + 1)), "draft_s": list(draft_s),
+                                                        "reset_s": reset_s}})
+
+
+def test_acceptance_by_length_separates_short_proposals_and_shrinks_rare_ones():
+    proposed = np.array([1, 1, 1, 1, 3, 3, 3, 3])
+    accepted = np.array([0, 0, 0, 1, 3, 3, 2, 3])
+    table = cost_model.acceptance_by_length(proposed, accepted, 3, weight=0.0)
+    assert table[1, 0] == 1 / 4 and table[3, 0] == 1.0 and table[3, 2] == 3 / 4
+    pooled = cost_model.acceptance_by_length(proposed, accepted, 3, weight=1e9)
+    assert pooled[1, 0] == pytest.approx(5 / 8)  # all weight on the pooled curve
+    # 1 + P(x1) for p = 1; 1 + 1 + 1 + 3/4 for p = 3; kept to 2 tokens: 1 + 1 + 1
+    assert cost_model.expected_emitted(table, np.array([0, 1, 3])).tolist() == [1.0, 1.25, 3.75]
+    assert cost_model.expected_emitted(table, np.array([3]), limit=2).tolist() == [3.0]
+
+
+def test_filled_curve_carries_the_last_measured_position():
+    assert cost_model.filled_curve([0.5, None, 0.9], 4).tolist() == [0.5, 0.5, 0.9, 0.9]
+    assert cost_model.filled_curve([None], 2).tolist() == [0.0, 0.0]
+
+
+def test_profile_interpolates_in_context_and_extends_past_the_largest_pass():
+    profile = Profile(key={}, context_lengths=[64, 256], target_s=[[1.0, 2.0], [3.0, 4.0]], overhead_s=0.0,
+                      prefill_s=[1.0, 2.0], drafts={"d": {"k": [1, 2], "draft_s": [0.1, 0.3], "reset_s": 0.0}})
+    assert profile.pass_s(1, 160).item() == pytest.approx(2.0)
+    assert profile.pass_s(np.array([1, 2, 4]), 64).tolist() == [1.0, 2.0, 4.0]  # slope 1 per token past n = 2
+    assert profile.pass_s(1, 448).item() == pytest.approx(5.0)  # extended along the last segment
+    assert profile.draft_s("d", np.array([0, 1, 2, 3])).tolist() == pytest.approx([0.0, 0.1, 0.3, 0.5])
+    assert profile.prefill(160) == pytest.approx(1.5)
+
+
+def test_prediction_of_a_hand_made_run():
+    """Spec: rounds proposing 2 tokens (k_round 2, pass of 3 tokens = 0.2 s, draft 0.010 s, bookkeeping
+    0.01 s); AR: 1-token passes of 0.1 s + 0.01 s. Priced by hand below."""
+    rounds = pd.DataFrame({
+        "mode": ["spec"] * 3 + ["ar"] * 6, "batch": 0, "prompt_id": "p", "category": "c",
+        "round": [0, 1, 2, 0, 1, 2, 3, 4, 5], "k": [2] * 3 + [0] * 6, "k_chosen": [2] * 3 + [0] * 6,
+        "k_round": [2] * 3 + [0] * 6, "context": [100, 103, 104, 100, 101, 102, 103, 104, 105],
+        "proposed": [2, 2, 2] + [0] * 6, "accepted": [2, 0, 1] + [0] * 6, "emitted": [3, 1, 2] + [1] * 6,
+        "draft_s": [0.01] * 3 + [0.0] * 6, "target_s": [0.2] * 3 + [0.1] * 6, "verify_s": [0.01] * 9,
+    })
+    batches = pd.DataFrame({"mode": ["spec", "ar"], "batch": 0, "category": "c", "tokens": [7, 7],
+                            "total_s": [0.9, 0.85], "prefill_s": [0.1, 0.1], "prompt_length": [160, 160]})
+    s = summarize(rounds, batches, k=2, profile=hand_profile(), draft="d")
+    # Curve: a1 = 2/3, a2 = 1/2 -> E[tokens | 2 proposed] = 1 + 2/3 + 1/3 = 2 per round.
+    assert s["predicted_tokens_per_round"] == pytest.approx(2.0)
+    prefill = 0.125  # interpolated at 160 tokens
+    spec_s = prefill + 0.02 + 6 * 3 * (0.010 + 0.2 + 0.01) / 6.0
+    ar_s = prefill + 6 * (0.1 + 0.01)
+    assert s["predicted_speedup"] == pytest.approx(ar_s / spec_s)
+    assert s["realized_over_predicted"] == pytest.approx(s["speedup"] / s["predicted_speedup"])
+    assert s["predicted_time_split"]["target"] == pytest.approx(0.6)
+
+
+def context(batch_size: int, length: int = 100) -> Context:
+    return Context(tokens=torch.zeros(batch_size, length + 16, dtype=torch.long), start=torch.zeros(batch_size, dtype=torch.long),
+                   lengths=torch.full((batch_size,), length), done=torch.zeros(batch_size, dtype=torch.bool))
+
+
+def test_expected_tokens_counts_each_rows_limit():
+    run = np.array([[0.5, 0.25], [1.0, 1.0]])
+    assert expected_tokens(run, np.array([2, 1]), 2).tolist() == [2.0, 3.5, 3.75]
+
+
+@pytest.mark.parametrize(("pass_cost", "expected_k"), [(0.0, 8), (1.0, 0)])
+def test_model_k_drafts_long_when_passes_are_free_and_not_at_all_when_each_token_costs_a_step(pass_cost, expected_k):
+    """Acceptance learnt from observed rounds (0.9, then 1): with a pass costing the same for any
+    size it pays to draft K_max; when each verified token costs one more AR step, no K pays."""
+    k_max = 8
+
+    def pass_seconds(length):  # K = 0..k_max -> T(K + 1) + bookkeeping
+        return 0.02 * (1 + pass_cost * np.arange(k_max + 1)) + 0.001
+
+    policy = ModelK(pass_seconds, np.r_[0.0, np.full(k_max, 1e-4)], probe_every=10**9)
+    policy.begin(1, k_max)
+    proposal = Proposal(tokens=torch.zeros(1, k_max, dtype=torch.long), probs=torch.zeros(1, k_max, 4),
+                        n_proposed=torch.tensor([k_max]))
+    for accepted in [8] * 9 + [0]:  # position 1 accepted 9 times of 10, the rest whenever reached
+        policy.observe(proposal, torch.tensor([accepted]), torch.tensor([True]))
+    assert policy.choose(context(1)) == expected_k
+
+
+def test_model_k_keeps_what_pays_of_a_free_drafts_proposal_by_group():
+    """Prompt lookup: after a long match (group 3) its tokens are accepted, after a 1-token match
+    (group 1) never; a pass costs 1.5x per extra token: keep group 3's proposal, cut group 1's."""
+    k_max = 4
+    policy = ModelK(lambda length: 0.02 * (1 + 0.5 * np.arange(k_max + 1)), np.zeros(k_max + 1), groups=4,
+                    probe_every=10**9)
+    policy.begin(1, k_max)
+    full = Proposal(tokens=torch.zeros(1, k_max, dtype=torch.long), probs=torch.zeros(1, k_max, 4),
+                    n_proposed=torch.tensor([k_max]))
+    for group, accepted in [(3, 4), (1, 0)] * 10:
+        full.group = torch.tensor([group])
+        policy.observe(full, torch.tensor([accepted]), torch.tensor([True]))
+    assert policy.choose(context(1)) == k_max  # a free draft proposes all it has
+    full.group = torch.tensor([3])
+    assert policy.shorten(full, context(1)).tokens.shape[1] == k_max
+    full.group = torch.tensor([1])
+    assert policy.shorten(full, context(1)).tokens.shape[1] == 0
