@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 METRICS = ("alpha", "drafted_acceptance_rate", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
-           "verify_cost_ratio", "k", "mean_k", "k_policy", "predicted_speedup", "realized_over_predicted",
+           "verify_cost_ratio", "mean_k", "k_policy", "predicted_speedup", "realized_over_predicted",
            "predicted_speedup_iid", "predicted_tokens_per_round", "profile", "greedy_match", "n_prompts")
 SHOWN = ("job", "status", "alpha", "tau", "speedup", "predicted_speedup", "realized_over_predicted", "cost_ratio_c")
 
@@ -36,6 +36,7 @@ def job_row(job_dir: Path, root: Path) -> dict:
         summary = json.loads((job_dir / "summary.json").read_text())
         row["status"] = summary.get("status", "ok")
         row.update({m: summary.get(m) for m in METRICS})
+        row["k_max"] = summary.get("k")  # the K a fixed-K job ran, the most a K policy could choose
         for i, a in enumerate(summary.get("acceptance_curve") or [], start=1):
             row[f"acceptance_pos{i}"] = a
         for cat, values in (summary.get("per_category") or {}).items():

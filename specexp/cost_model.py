@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from specexp.metrics import acceptance_curve
+from specexp.metrics import acceptance_curve, expected_tokens_per_round
 
 
 def filled_curve(curve: Sequence[float | None], k: int) -> np.ndarray:
@@ -67,26 +67,30 @@ def speedup(ar_seconds: float, spec_seconds: float, ar_tokens: float, spec_token
     return float((spec_tokens / spec_seconds) / (ar_tokens / ar_seconds))
 
 
-def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: int, profile, draft: str) -> dict:
-    """The speedup the cost model predicts for a finished run, and the seconds it prices.
+def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: int, profile, draft: str,
+                limit: int | None = None) -> dict:
+    """The speedup the cost model predicts for a finished run (or, with ``limit``, for the same
+    draft kept to its first ``limit`` tokens a round: the run at another K), and what it prices.
 
     spec, ar: the run's round tables (one row per active prompt and round, with the round's
     `k_chosen`, `k_round` and `context`); batches: one row per (mode, batch) with `tokens` and
-    `prompt_length`. A speculative round costs the draft's seconds for the K it was asked for
-    plus T(k_round + 1, context) plus the engine's bookkeeping, and yields what the per-position
-    acceptance (by proposal length) expects of the tokens its rows proposed; an AR round costs T(1, context) plus the
-    bookkeeping. Prompt passes (and the draft's reset) are priced at each batch's prompt length.
+    `prompt_length`. A speculative round costs the draft's seconds for the K it was asked for,
+    T(k_round + 1, context) and the engine's bookkeeping, and yields what the per-position
+    acceptance (by proposal length) expects of the tokens its rows proposed. An AR round costs
+    T(1, context) and the bookkeeping. Prompt passes (and the draft's reset) are priced at each
+    batch's prompt length. The tokens to generate are the run's own.
     """
     spec_rounds, ar_rounds = spec.drop_duplicates(["batch", "round"]), ar.drop_duplicates(["batch", "round"])
-    drafted = spec_rounds["k_chosen"].to_numpy() > 0
-    passes = spec_rounds["k_round"].to_numpy() + 1
+    cap = np.inf if limit is None else limit
+    asked = np.minimum(spec_rounds["k_chosen"].to_numpy(), cap).astype(int)
+    passes = np.minimum(spec_rounds["k_round"].to_numpy(), cap).astype(int) + 1
     contexts = spec_rounds["context"].to_numpy()
-    draft_s = float(profile.draft_s(draft, spec_rounds["k_chosen"].to_numpy()).sum())
-    target_s = float(sum(profile.pass_s(n, c, draft if d else None) for n, c, d in zip(passes, contexts, drafted,
+    draft_s = float(profile.draft_s(draft, asked).sum())
+    target_s = float(sum(profile.pass_s(n, c, draft if a else None) for n, c, a in zip(passes, contexts, asked,
                                                                                         strict=True)))
     overhead_s = profile.overhead_s * len(spec_rounds)
     table = acceptance_by_length(spec["proposed"].to_numpy(), spec["accepted"].to_numpy(), k)
-    expected = float(expected_emitted(table, spec["proposed"].to_numpy()).sum())
+    expected = float(expected_emitted(table, spec["proposed"].to_numpy(), limit).sum())
     spec_b, ar_b = batches[batches["mode"] == "spec"], batches[batches["mode"] == "ar"]
     prefill_ar = float(sum(profile.prefill(p) for p in ar_b["prompt_length"]))
     prefill_spec = float(sum(profile.prefill(p) for p in spec_b["prompt_length"])) + profile.reset_s(draft) * len(spec_b)
@@ -100,3 +104,24 @@ def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: 
         "predicted_time_split": {"draft": draft_s, "target": target_s, "verify": overhead_s, "prefill": prefill_spec,
                                  "ar_total": ar_s, "spec_total": spec_s},
     }
+
+
+def equivalent_alpha(tokens_per_round: float, k: float) -> float:
+    """The i.i.d. acceptance rate whose (1 - a^(k+1)) / (1 - a) equals a draft's tokens per round
+    at its K (bisection): where the draft sits on an alpha axis priced by the same model."""
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_tokens_per_round(mid, k) < tokens_per_round else (low, mid)
+    return (low + high) / 2
+
+
+def best_speedup_on(profile_ratios: np.ndarray, overhead_ratio: float, a: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """max over K of a draft's speedup with i.i.d. acceptance a and cost c per drafted token (in
+    AR steps), on hardware whose pass over n tokens costs profile_ratios[n-1] AR passes (and the
+    bookkeeping overhead_ratio): the iso-speedup surface of the cost/quality plane."""
+    a, c = np.broadcast_arrays(np.asarray(a, float), np.asarray(c, float))
+    ks = np.arange(1, len(profile_ratios))[:, None]  # [K, 1]
+    flat_a, flat_c = a.ravel()[None, :], c.ravel()[None, :]
+    spec_round = ks * flat_c + np.asarray(profile_ratios)[ks] + overhead_ratio  # [K, points]
+    return (expected_tokens_per_round(flat_a, ks) * (1 + overhead_ratio) / spec_round).max(0).reshape(a.shape)

@@ -7,6 +7,7 @@ figures it skipped and why.
 """
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,11 +17,13 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on clusters or in CI
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specexp import metrics, plots  # noqa: E402
+from specexp import cost_model, metrics, plots  # noqa: E402
 from specexp.collect import collect  # noqa: E402
 from specexp.distill.collect import collect as collect_distillation  # noqa: E402
+from specexp.profile import Profile  # noqa: E402
 from specexp.report import markdown_table  # noqa: E402
 
 
@@ -32,10 +35,49 @@ def study_jobs(paths: list[Path]) -> pd.DataFrame:
     table = table[table["status"] == "ok"].copy()
     table["draft"] = early_exit_labels(table)
     table["exit_layer"] = table["cfg.draft.exit_layer"] if "cfg.draft.exit_layer" in table else None
-    table["k"] = table["cfg.draft.k"].astype(int)
+    table["k_label"] = table["cfg.draft.k"].astype(str)  # a number, or auto / heuristic
+    table["k"] = pd.to_numeric(table["cfg.draft.k"], errors="coerce")  # NaN where a policy chose K
     table["temperature"] = table["cfg.sampling.temperature"].astype(float)
     table["batch_size"] = table["cfg.batch_size"].astype(int)
+    mean_k = table["mean_k"] if "mean_k" in table else table["k"]
+    table["alpha_equivalent"] = [cost_model.equivalent_alpha(tau, k) if pd.notna(tau) and pd.notna(k) and k > 0 else None
+                                 for tau, k in zip(table["tau"], mean_k.fillna(table["k"]), strict=True)]
     return table.reset_index(drop=True)
+
+
+def job_profile(job_path: str | Path) -> Profile | None:
+    """The hardware profile a job was priced with (its folder keeps a copy), if any."""
+    path = Path(job_path) / "profile.json"
+    return Profile.load(path) if path.is_file() else None
+
+
+def profile_label(profile: Profile) -> str:
+    """What a caption says of a profile: the processor (or GPU), its batch size and runtime."""
+    device = profile.key.get("gpu") or profile.key.get("cpu", "unknown").split(" [")[0]
+    return f"{device}, batch {profile.key.get('batch_size')}, runtime {profile.key.get('runtime', {}).get('name')}"
+
+
+def model_curves(jobs: pd.DataFrame, profile: Profile | None = None) -> tuple[pd.DataFrame, str | None]:
+    """The calibrated model's speedup at K = 1..K_max per draft: its run at the largest fixed K
+    re-priced with its first K tokens a round kept (`cost_model.predict_run(limit=K)`), under its
+    own profile (or ``profile``). Drafts whose runs kept no profile or rounds are left out."""
+    rows, label = [], None
+    for draft, group in jobs.dropna(subset=["k"]).groupby("draft"):
+        reference = group.loc[group["k"].idxmax()]
+        folder = Path(reference["path"])
+        priced_with = profile or job_profile(folder)
+        if priced_with is None or not (folder / "batches.parquet").is_file():
+            continue
+        rounds, batches = pd.read_parquet(folder / "rounds.parquet"), pd.read_parquet(folder / "batches.parquet")
+        name = json.loads((folder / "summary.json").read_text()).get("draft_profile")  # the draft's entry
+        if name not in priced_with.drafts:
+            continue
+        spec, ar = rounds[rounds["mode"] == "spec"], rounds[rounds["mode"] == "ar"]
+        for k in range(1, int(group["k"].max()) + 1):
+            predicted = cost_model.predict_run(spec, ar, batches, int(reference["k"]), priced_with, name, limit=k)
+            rows.append({"draft": draft, "k": k, "speedup": predicted["predicted_speedup"]})
+        label = profile_label(priced_with)
+    return pd.DataFrame(rows), label
 
 
 def early_exit_labels(table: pd.DataFrame) -> pd.Series:
@@ -58,7 +100,8 @@ def wandb_jobs(project: str, group: str | None = None) -> pd.DataFrame:
     rows = []
     for run in wandb.Api().runs(project, filters={"group": group} if group else None):
         config, summary = run.config, dict(run.summary)
-        rows.append({"draft": run.job_type, "k": int(config["draft"]["k"]),
+        k = config["draft"]["k"]  # a number, or auto / heuristic
+        rows.append({"draft": run.job_type, "k": int(k) if str(k).isdigit() else None, "k_label": str(k),
                      "temperature": float(config["sampling"]["temperature"]), "batch_size": int(config["batch_size"]),
                      **{k: v for k, v in summary.items() if isinstance(v, int | float) and not k.startswith("_")}})
     return pd.DataFrame(rows)
@@ -93,7 +136,7 @@ def acceptance_by_position(jobs: pd.DataFrame) -> pd.DataFrame:
         rounds = pd.read_parquet(Path(job.path) / "rounds.parquet")
         spec = rounds[rounds["mode"] == "spec"]
         for prompt_id, r in spec.groupby("prompt_id"):
-            curve = metrics.acceptance_curve(r["proposed"].to_numpy(), r["accepted"].to_numpy(), job.k)
+            curve = metrics.acceptance_curve(r["proposed"].to_numpy(), r["accepted"].to_numpy(), int(job.k_max))
             rows += [{"draft": job.draft, "k": job.k, "prompt_id": prompt_id, "position": i + 1, "acceptance": a}
                      for i, a in enumerate(curve) if a is not None]
     return pd.DataFrame(rows)
@@ -125,12 +168,13 @@ def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[
 
     no_jobs = "no finished study jobs (summary.json + rounds.parquet)"
     return [
-        ("acceptance_curve", *when(has_jobs and bool((jobs["k"] >= 1).any()),
+        ("acceptance_curve", *when(has_jobs and bool((jobs.get("k_max", jobs.get("k")) >= 1).any()),
                                    lambda: plots.acceptance_curve(acceptance_by_position(jobs)), no_jobs)),
-        ("speedup_vs_k", *when(ks >= 2, lambda: plots.speedup_vs_k(jobs, per_prompt_table(jobs)),
+        ("speedup_vs_k", *when(ks >= 2, lambda: plots.speedup_vs_k(jobs, per_prompt_table(jobs), *model_curves(jobs)),
                                "needs a draft measured at 2 or more K (experiment=k_sweep)")),
         ("cost_quality_plane", *when(has_jobs and jobs["cost_ratio_c"].notna().any(),
-                                     lambda: plots.cost_quality_plane(jobs), no_jobs + " with a measured c")),
+                                     lambda: plots.cost_quality_plane(jobs, *plane_pricing(jobs)),
+                                     no_jobs + " with a measured c")),
         ("tau_by_category", *when(len(categories) >= 2, lambda: plots.category_heatmap(jobs, "tau"),
                                   "needs per-category results in 2 or more categories")),
         ("temperature_effect", *when(has_jobs and jobs["temperature"].nunique() >= 2,
@@ -146,6 +190,18 @@ def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[
             history, style="student" if history.get("student", pd.Series(dtype=str)).nunique() > 1 else None),
                                      "no distillation runs (result.json + metrics.jsonl)")),
     ]
+
+
+def plane_pricing(jobs: pd.DataFrame, k_max: int = 16) -> tuple:
+    """T(n)/T(1) for n = 1..k_max+1, the bookkeeping in AR passes, and the label of the first job's
+    profile (at the median context its rounds ran at); nothing without one (Leviathan's plane)."""
+    for path in jobs["path"]:
+        profile = job_profile(path)
+        if profile is not None:
+            context = float(pd.read_parquet(Path(path) / "rounds.parquet")["context"].median())
+            passes = profile.pass_s(np.arange(1, k_max + 2), context)
+            return passes / passes[0], profile.overhead_s / passes[0], profile_label(profile)
+    return None, 0.0, None
 
 
 def write_headline(jobs: pd.DataFrame, out: Path) -> None:

@@ -1,6 +1,8 @@
 """`draft.k`: a number, `auto` (the cost model's choice each round, `core/k_policy.ModelK`) or
 `heuristic` (HF's num_assistant_tokens_schedule, `core/k_policy.HeuristicK`), wired to a study."""
 
+import functools
+
 import numpy as np
 from omegaconf import DictConfig, open_dict
 
@@ -11,6 +13,7 @@ from specexp.profile import Profile
 
 POLICIES = ("auto", "heuristic")
 DEFAULT_K_MAX = 8
+CONTEXT_BLOCK = 16  # tokens of context priced alike (T(n, L) moves ~1% per 100 tokens here)
 
 
 def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
@@ -44,9 +47,14 @@ def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) 
     shared = isinstance(drafter, SharesTargetPass)
     sizes = np.arange(1, k_max + 2)  # a round with K = 0..k_max draft tokens passes K + 1
 
-    def pass_seconds(context: int) -> np.ndarray:
+    @functools.lru_cache(maxsize=512)
+    def priced(block: int) -> np.ndarray:
+        context = block * CONTEXT_BLOCK
         seconds = profile.pass_s(sizes, context, draft if shared else None)
         seconds[0] = profile.pass_s(1, context)  # K = 0: the target's own pass
         return seconds + profile.overhead_s
 
-    return ModelK(pass_seconds, profile.draft_s(draft, np.arange(k_max + 1)), groups=getattr(drafter, "groups", 1))
+    def pass_seconds(context: int) -> np.ndarray:  # priced once per block of contexts: a round's choice stays cheap
+        return priced(context // CONTEXT_BLOCK)
+
+    return ModelK(pass_seconds, profile.draft_s(draft, np.arange(k_max + 1)), free_groups=getattr(drafter, "groups", 0))

@@ -47,9 +47,11 @@ def tau(emitted: np.ndarray) -> float | None:
     return float(emitted.mean()) if len(emitted) else None
 
 
-def expected_tokens_per_round(a: float, k: int) -> float:
-    """E[tokens per round] = (1 - a^(k+1)) / (1 - a) under i.i.d. acceptance a."""
-    return float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
+def expected_tokens_per_round(a, k):
+    """E[tokens per round] = (1 - a^(k+1)) / (1 - a) under i.i.d. acceptance a (floats or arrays)."""
+    a_arr, k_arr = np.asarray(a, dtype=float), np.asarray(k, dtype=float)
+    tokens = np.where(a_arr >= 1.0, k_arr + 1, (1 - a_arr ** (k_arr + 1)) / np.maximum(1 - a_arr, 1e-12))
+    return float(tokens) if tokens.ndim == 0 else tokens
 
 
 def predicted_speedup(a: float | None, k: int, c: float | None) -> float | None:

@@ -17,6 +17,9 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
+from specexp import metrics
+from specexp.cost_model import best_speedup_on
+
 COLUMN_WIDTH_IN = 3.3  # one column of a two-column paper
 # Fixed draft order -> fixed colours: a draft keeps its colour in every figure of a paper.
 KNOWN_DRAFTS = ("prompt_lookup", "ngram_lm", "retrieval", "small_lm", "target_prefix", "distilled", "early_exit")
@@ -42,25 +45,15 @@ def _figure(height: float = 2.3, width: float = COLUMN_WIDTH_IN, ncols: int = 1)
 
 
 def analytical_speedup(a: float, k: np.ndarray, c: float) -> np.ndarray:
-    """(1 - a^(K+1)) / ((1 - a)(K c + 1)) for an array of K."""
+    """Leviathan et al.'s i.i.d. speedup (1 - a^(K+1)) / ((1 - a)(K c + 1)) for an array of K."""
     k = np.asarray(k, dtype=float)
-    tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-    return tokens / (k * c + 1)
+    return metrics.expected_tokens_per_round(a, k) / (k * c + 1)
 
 
 def optimal_k(a: float, c: float, k_max: int = 32) -> int:
-    """The K in 1..k_max with the highest analytical speedup (the smallest on ties)."""
+    """The K in 1..k_max with the highest i.i.d. speedup (the smallest on ties)."""
     ks = np.arange(1, k_max + 1)
     return int(ks[np.argmax(analytical_speedup(a, ks, c))])
-
-
-def best_speedup(a: np.ndarray, c: np.ndarray, k_max: int = 32) -> np.ndarray:
-    """max over K of the analytical speedup, elementwise over arrays of alpha and c."""
-    ks = np.arange(1, k_max + 1)[:, None]
-    a, c = np.broadcast_arrays(np.asarray(a, float), np.asarray(c, float))
-    flat_a, flat_c = a.ravel()[None, :], c.ravel()[None, :]
-    tokens = np.where(flat_a >= 1, ks + 1.0, (1 - flat_a ** (ks + 1)) / np.maximum(1 - flat_a, 1e-12))
-    return (tokens / (ks * flat_c + 1)).max(0).reshape(a.shape)
 
 
 def acceptance_curve(positions: pd.DataFrame) -> Figure:
@@ -73,46 +66,71 @@ def acceptance_curve(positions: pd.DataFrame) -> Figure:
     return fig
 
 
-def speedup_vs_k(jobs: pd.DataFrame, prompts: pd.DataFrame | None = None) -> Figure:
-    """Measured speedup per K (mean and 95% CI over prompts; the job totals without `prompts`)
-    and the analytical curve from the measured alpha and c of each draft (K-averaged), its
-    optimum K marked with a star."""
+def speedup_vs_k(jobs: pd.DataFrame, prompts: pd.DataFrame | None = None, model: pd.DataFrame | None = None,
+                 model_label: str | None = None) -> Figure:
+    """Measured speedup per K (mean and 95% CI over prompts; the job totals without `prompts`), the
+    calibrated model's curve per draft (`model`: draft, k, speedup; `specexp.cost_model` priced
+    with the runs' hardware profile, named by `model_label`), its best K starred, and Leviathan
+    et al.'s i.i.d. curve from the measured alpha and c, dashed."""
     fig, (ax,) = _figure()
+    fixed = jobs.dropna(subset=["k"])
     palette = draft_palette(jobs["draft"])
-    sns.pointplot(data=jobs if prompts is None else prompts, x="k", y="speedup", hue="draft", native_scale=True,
-                  errorbar=None if prompts is None else ("ci", 95), palette=palette, linestyle="none", markers="o",
-                  markersize=3, err_kws={"linewidth": 1}, ax=ax)
-    k_max = int(jobs["k"].max())
+    sns.pointplot(data=fixed if prompts is None else prompts.dropna(subset=["k"]), x="k", y="speedup", hue="draft",
+                  native_scale=True, errorbar=None if prompts is None else ("ci", 95), palette=palette,
+                  linestyle="none", markers="o", markersize=3, err_kws={"linewidth": 1}, ax=ax)
+    k_max = int(fixed["k"].max())
     ks = np.linspace(1, k_max, 200)
-    for draft, rows in jobs.groupby("draft"):
+    iid_labelled = False
+    for draft, rows in fixed.groupby("draft"):
         a, c = rows["alpha"].mean(), rows["cost_ratio_c"].mean()
         if np.isnan(a) or np.isnan(c):
             continue
-        ax.plot(ks, analytical_speedup(a, ks, c), color=palette[draft], linewidth=1, alpha=0.8, label=f"_{draft} model")
-        best = optimal_k(a, c, k_max)
-        ax.plot([best], analytical_speedup(a, np.array([best]), c), marker="*", markersize=8, color=palette[draft],
+        ax.plot(ks, analytical_speedup(a, ks, c), color=palette[draft], linewidth=0.8, alpha=0.6, linestyle="--",
+                label="_" if iid_labelled else "i.i.d. model (Leviathan)")
+        iid_labelled = True
+    model_labelled = False
+    for draft, curve in (model.groupby("draft") if model is not None else ()):
+        curve = curve.sort_values("k")
+        ax.plot(curve["k"], curve["speedup"], color=palette.get(draft, "0.3"), linewidth=1.2,
+                label="_" if model_labelled else f"cost model ({model_label})" if model_label else "cost model")
+        model_labelled = True
+        best = curve.loc[curve["speedup"].idxmax()]
+        ax.plot([best["k"]], [best["speedup"]], marker="*", markersize=8, color=palette.get(draft, "0.3"),
                 linestyle="none", label=f"_{draft} optimum")
+    chosen = jobs[jobs["k"].isna()] if {"mean_k", "k_label"} <= set(jobs) else pd.DataFrame()  # K chosen per round
+    for (draft, policy), rows in (chosen.groupby(["draft", "k_label"]) if len(chosen) else ()):  # at its mean K
+        ax.scatter(rows["mean_k"], rows["speedup"], marker="D" if policy == "auto" else "s", s=14,
+                   facecolors="none", edgecolors=palette.get(draft, "0.3"), zorder=4, label=f"K={policy} ({draft})")
     ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle=":")
-    ax.set(xlabel="K (draft tokens per round)", ylabel="speedup over AR")
+    ax.set(xlabel="K (draft tokens per round; K chosen per round: its mean)", ylabel="speedup over AR")
+    ax.legend(fontsize=4)
     return fig
 
 
-def cost_quality_plane(jobs: pd.DataFrame, k_max: int = 32) -> Figure:
-    """Each draft at (c, alpha) over iso-speedup contours of the analytical model at the best K:
-    why a draft wins or loses on given hardware, at a glance."""
+def cost_quality_plane(jobs: pd.DataFrame, pass_ratios: np.ndarray | None = None, overhead_ratio: float = 0.0,
+                       profile_label: str | None = None, k_max: int = 32) -> Figure:
+    """Each draft at (c, alpha) over iso-speedup contours at the best K, priced on the hardware:
+    `pass_ratios[n-1]` = T(n)/T(1) from the runs' profile (none: every pass priced as one AR step,
+    Leviathan's plane). A draft sits at its equivalent alpha (`alpha_equivalent`: the i.i.d. rate
+    giving its measured tokens per round) when the table has it, so its contour reads its speedup."""
     fig, (ax,) = _figure(height=2.6)
-    per_draft = jobs.groupby("draft")[["alpha", "cost_ratio_c"]].mean().dropna()
+    y = "alpha_equivalent" if "alpha_equivalent" in jobs and jobs["alpha_equivalent"].notna().any() else "alpha"
+    per_draft = jobs.groupby("draft")[[y, "cost_ratio_c"]].mean().dropna()
     c_max = max(0.5, float(per_draft["cost_ratio_c"].max()) * 1.2) if len(per_draft) else 0.5
     cs, alphas = np.linspace(0, c_max, 120), np.linspace(0.0, 0.99, 120)
     C, A = np.meshgrid(cs, alphas)
+    ratios = np.ones(k_max + 1) if pass_ratios is None else np.asarray(pass_ratios)
     levels = [0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0]
-    contours = ax.contour(C, A, best_speedup(A, C, k_max), levels=levels, colors="0.55", linewidths=0.7)
+    contours = ax.contour(C, A, best_speedup_on(ratios, overhead_ratio, A, C), levels=levels, colors="0.55",
+                          linewidths=0.7)
     ax.clabel(contours, fmt=lambda v: f"{v:g}x", fontsize=6)
     palette = draft_palette(per_draft.index)
     for draft, row in per_draft.iterrows():
-        ax.scatter(row["cost_ratio_c"], row["alpha"], color=palette[draft], s=25, zorder=3, label=draft)
-    ax.set(xlabel="c (draft cost per token / target step)", ylabel=r"$\alpha$ (acceptance rate)", xlim=(0, c_max),
-           ylim=(0, 1))
+        ax.scatter(row["cost_ratio_c"], row[y], color=palette[draft], s=25, zorder=3, label=draft)
+    ylabel = r"equivalent $\alpha$ (i.i.d. rate of its tokens/round)" if y == "alpha_equivalent" else r"$\alpha$ (acceptance rate)"
+    ax.set(xlabel="c (draft cost per token / target step)", ylabel=ylabel, xlim=(0, c_max), ylim=(0, 1))
+    ax.set_title(f"contours: cost model on {profile_label}" if profile_label else "contours: i.i.d. model, T(n) = T(1)",
+                 fontsize=6)
     ax.legend(loc="lower right", fontsize=6)
     return fig
 
@@ -156,7 +174,7 @@ def headline_table(jobs: pd.DataFrame) -> pd.DataFrame:
     for draft, group in jobs.groupby("draft"):
         best = group.loc[group["speedup"].idxmax()] if group["speedup"].notna().any() else group.iloc[0]
         a, c = best["alpha"], best["cost_ratio_c"]
-        rows.append({"draft": draft, "K": int(best["k"]), "alpha": a, "tau": best["tau"], "c": c,
+        rows.append({"draft": draft, "K": best["k_label"] if "k_label" in best else int(best["k"]), "alpha": a, "tau": best["tau"], "c": c,
                      "speedup": best["speedup"], "predicted": best["predicted_speedup"],
                      "optimal K": optimal_k(a, c) if pd.notna(a) and pd.notna(c) else None})
     return pd.DataFrame(rows).sort_values("speedup", ascending=False, na_position="last")

@@ -35,7 +35,7 @@ from specexp.models import cache_root
 from specexp.runtime.matmul import hardware_fingerprint
 from specexp.tracking import write_atomic
 
-PROFILE_METHOD = "interleaved-median-v1"  # changes to how profiles are measured invalidate cached ones
+PROFILE_METHOD = "interleaved-median-v3"  # changes to how profiles are measured invalidate cached ones
 CONTEXT_LENGTHS = (64, 256, 1024)
 PROFILED_K = 8  # draft rounds and target passes are measured up to this K at least (figures draw K = 1..8)
 
@@ -86,10 +86,12 @@ class Profile:
     def reset_s(self, draft: str) -> float:
         return float(self.drafts[draft]["reset_s"])
 
+    def record(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "path"}
+
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {k: v for k, v in asdict(self).items() if k != "path"}
-        write_atomic(path, (json.dumps(record, indent=1) + "\n").encode())
+        write_atomic(path, (json.dumps(self.record(), indent=1) + "\n").encode())
         self.path = str(path)
 
     @classmethod
@@ -129,10 +131,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def nondecreasing(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (least squares, pool-adjacent-violators): a pass over
+    more tokens never costs less, so a dip between medians is noise, not a shape to plan for."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks.pop(-2), blocks.pop(-1)
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [mean for mean, count in blocks for _ in range(count)]
+
+
 @torch.inference_mode()
 def measure_target(forward, batch_size: int, max_tokens: int, context_lengths: list[int], sampling: SamplingConfig,
-                   repeats: int = 9, progress: tqdm | None = None) -> tuple[list[list[float]], list[float]]:
-    """T(n, L) [L][n-1] and the prompt pass at each L, medians over ``repeats`` turns (one more warms up)."""
+                   repeats: int = 15, progress: tqdm | None = None) -> tuple[list[list[float]], list[float]]:
+    """T(n, L) [L][n-1] (medians over ``repeats`` turns of n = 1..max_tokens, after one that warms
+    up; made non-decreasing in n) and the prompt pass at each L (a third as many times)."""
     device = forward.device
     vocab_size = forward.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -141,13 +156,17 @@ def measure_target(forward, batch_size: int, max_tokens: int, context_lengths: l
         ids = torch.randint(vocab_size, (batch_size, length + max_tokens), generator=generator).to(device)
         mask = torch.ones(batch_size, length, dtype=torch.long, device=device)
         kv = new_ragged_kv(forward, batch_size, device, capacity=length + max_tokens)
-        prompt_times, times = [], {n: [] for n in range(1, max_tokens + 1)}
-        for repeat in range(repeats + 1):
+        prompt_times = []
+        for _ in range(max(2, repeats // 3) + 1):
             _sync(device)
             start = time.perf_counter()
             logits_to_probs(kv.forward(forward, ids[:, :length], mask, logits_to_keep=1), sampling)
             _sync(device)
             prompt_times.append(time.perf_counter() - start)
+            kv.drop_last(torch.full((batch_size,), length, device=device))
+        kv.forward(forward, ids[:, :length], mask, logits_to_keep=1)  # the context every pass attends to
+        times = {n: [] for n in range(1, max_tokens + 1)}
+        for repeat in range(repeats + 1):
             for n in range(1, max_tokens + 1):
                 start = time.perf_counter()
                 logits_to_probs(kv.forward(forward, ids[:, length : length + n], logits_to_keep=n), sampling)
@@ -155,10 +174,9 @@ def measure_target(forward, batch_size: int, max_tokens: int, context_lengths: l
                 if repeat:
                     times[n].append(time.perf_counter() - start)
                 kv.drop_last(torch.full((batch_size,), n, device=device))
-            kv.drop_last(torch.full((batch_size,), length, device=device))
             if progress is not None:
                 progress.update(1)
-        target_s.append([statistics.median(times[n]) for n in times])
+        target_s.append(nondecreasing([statistics.median(times[n]) for n in times]))
         prefill_s.append(statistics.median(prompt_times[1:]))
     return target_s, prefill_s
 
@@ -223,7 +241,7 @@ def load_profile(path: str | Path, draft: str | None = None) -> Profile:
 
 def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: str, prompt: list[int], batch_size: int,
                    sampling: SamplingConfig, k_max: int, context_lengths: list[int] = CONTEXT_LENGTHS,
-                   repeats: int = 9, new_tokens: int = 32, force: bool = False) -> Profile:
+                   repeats: int = 15, new_tokens: int = 32, force: bool = False) -> Profile:
     """The profile of this machine and setting, with an entry for this draft: loaded from the cache,
     or measured (with progress) and cached first."""
     measurement = {"context_lengths": list(context_lengths), "repeats": repeats, "new_tokens": new_tokens}

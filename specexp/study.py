@@ -263,6 +263,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     summary = summarize(rounds_df, pd.DataFrame(batch_records), drafter.k, study.batch_by_category, study.profile,
                         study.draft_name)
     summary["k_policy"] = study.k_setting
+    summary["draft_profile"] = study.draft_name  # the draft's entry in the profile (profile.json)
     # greedy_match: fraction of prompts whose speculative tokens equal the AR baseline's.
     # Only defined under greedy decoding, where it must be 1.0.
     summary["greedy_match"] = float(np.mean([a["identical"] for a in all_answers])) if study.sampling.greedy else None
@@ -270,7 +271,8 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     summary["target"] = target.name
     summary["draft"] = type(drafter).__name__
     summary["runtime"] = study.runtime
-    results.finish(summary, rounds_df)
+    results.finish(summary, rounds_df, pd.DataFrame(batch_records),
+                   study.profile.record() if study.profile is not None else None)
     tracker.log_run(summary, rounds_df, all_answers)
     return summary
 

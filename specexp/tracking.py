@@ -18,7 +18,8 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-RESULT_FILES = ("config.yaml", "answers.jsonl", "rounds.parquet", "summary.json", "error.json")
+RESULT_FILES = ("config.yaml", "answers.jsonl", "rounds.parquet", "batches.parquet", "profile.json", "summary.json",
+                "error.json")
 
 
 class JobResults:
@@ -52,9 +53,19 @@ class JobResults:
         with (self.staging / "answers.jsonl").open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
 
-    def finish(self, summary: dict, rounds: pd.DataFrame) -> None:
+    def finish(self, summary: dict, rounds: pd.DataFrame, batches: pd.DataFrame | None = None,
+               profile: dict | None = None) -> None:
+        """Move the job's files in, summary.json last. ``batches``: one row per (mode, batch);
+        ``profile``: the hardware profile the run was priced with (so the folder re-prices alone)."""
         rounds.to_parquet(self.staging / "rounds.parquet", index=False)
-        for name in ("config.yaml", "answers.jsonl", "rounds.parquet"):
+        names = ["config.yaml", "answers.jsonl", "rounds.parquet"]
+        if batches is not None:
+            batches.to_parquet(self.staging / "batches.parquet", index=False)
+            names.append("batches.parquet")
+        if profile is not None:
+            (self.staging / "profile.json").write_text(json.dumps(profile, indent=1) + "\n")
+            names.append("profile.json")
+        for name in names:
             os.replace(self.staging / name, self.out_dir / name)
         summary = {**summary, "status": "ok", "config_hash": self.config_hash}
         write_atomic(self.out_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())

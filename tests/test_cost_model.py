@@ -103,7 +103,7 @@ def test_model_k_keeps_what_pays_of_a_free_drafts_proposal_by_group():
     """Prompt lookup: after a long match (group 3) its tokens are accepted, after a 1-token match
     (group 1) never; a pass costs 1.5x per extra token: keep group 3's proposal, cut group 1's."""
     k_max = 4
-    policy = ModelK(lambda length: 0.02 * (1 + 0.5 * np.arange(k_max + 1)), np.zeros(k_max + 1), groups=4,
+    policy = ModelK(lambda length: 0.02 * (1 + 0.5 * np.arange(k_max + 1)), np.zeros(k_max + 1), free_groups=4,
                     probe_every=10**9)
     policy.begin(1, k_max)
     full = Proposal(tokens=torch.zeros(1, k_max, dtype=torch.long), probs=torch.zeros(1, k_max, 4),

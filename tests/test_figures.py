@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 from matplotlib.collections import PathCollection  # noqa: E402
 
 from specexp import metrics, plots  # noqa: E402
+from specexp.cost_model import best_speedup_on  # noqa: E402
 from specexp.figures import make_figures  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,9 +34,16 @@ def test_optimal_k_on_hand_checked_cases():
     assert plots.optimal_k(0.8, 0.1) == 6
     assert plots.optimal_k(0.0, 0.1) == 1  # nothing is ever accepted: draft as little as possible
     assert plots.optimal_k(1.0, 0.0, k_max=12) == 12  # free, always right: draft as much as allowed
+
+
+def test_the_plane_on_flat_hardware_is_leviathans_and_longer_passes_cost():
     grid_a, grid_c = np.array([[0.8, 0.3]]), np.array([[0.1, 0.5]])
     expected = [max(metrics.predicted_speedup(a, k, c) for k in range(1, 33)) for a, c in [(0.8, 0.1), (0.3, 0.5)]]
-    np.testing.assert_allclose(plots.best_speedup(grid_a, grid_c)[0], expected)
+    np.testing.assert_allclose(best_speedup_on(np.ones(33), 0.0, grid_a, grid_c)[0], expected)
+    # Every extra token in the pass costs 10% of a step: a = 0.8, c = 0 gives (1 - 0.8^(K+1)) / (0.2 (1 + 0.1 K)):
+    # K = 5: 3.689 / 1.5 = 2.459, K = 6: 3.951 / 1.6 = 2.470, K = 7: 4.161 / 1.7 = 2.448 (flat: 5.0 at K = 32)
+    ratios = 1 + 0.1 * np.arange(33)
+    assert best_speedup_on(ratios, 0.0, np.array(0.8), np.array(0.0)) == pytest.approx((1 - 0.8**7) / 0.2 / 1.6)
 
 
 @pytest.fixture
@@ -71,19 +79,21 @@ def test_acceptance_curve_has_a_line_per_draft_with_intervals(synthetic):
     assert ax.get_ylim()[0] == 0 and ax.get_xlabel().startswith("draft position")
 
 
-def test_speedup_vs_k_draws_points_the_model_and_its_optimum(synthetic):
+def test_speedup_vs_k_draws_points_the_cost_model_its_optimum_and_the_iid_curve(synthetic):
     jobs, prompts, _, _ = synthetic
-    ax = plots.speedup_vs_k(jobs, prompts).axes[0]
-    stars = [line for line in ax.lines if line.get_marker() == "*"]
-    assert len(stars) == 2
-    for draft, a, c in [("prompt_lookup", 0.4, 0.01), ("distilled", 0.6, 0.1)]:
-        assert any(star.get_xdata()[0] == plots.optimal_k(a, c, 4) for star in stars), draft
-    curves = [line for line in ax.lines if len(line.get_xdata()) == 200]
-    assert len(curves) == 2
-    for curve in curves:  # each model curve passes through the formula at K = 2
+    model = pd.DataFrame([{"draft": d, "k": k, "speedup": s} for d, curve in
+                          [("prompt_lookup", [1.0, 1.1, 1.05]), ("distilled", [1.2, 1.1, 0.9])]
+                          for k, s in zip((1, 2, 4), curve, strict=True)])
+    ax = plots.speedup_vs_k(jobs, prompts, model, "a CPU").axes[0]
+    stars = sorted((float(s.get_xdata()[0]), float(s.get_ydata()[0])) for s in ax.lines if s.get_marker() == "*")
+    assert stars == [(1.0, 1.2), (2.0, 1.1)]  # each draft's best K under the cost model
+    iid = [line for line in ax.lines if len(line.get_xdata()) == 200]
+    assert len(iid) == 2 and all(line.get_linestyle() == "--" for line in iid)  # Leviathan's, dashed
+    for curve in iid:  # passing through the formula at K = 2
         x, y = curve.get_xdata(), curve.get_ydata()
         ys = [metrics.predicted_speedup(a, 2, c) for a, c in [(0.4, 0.01), (0.6, 0.1)]]
         assert min(abs(np.interp(2, x, y) - v) for v in ys) < 1e-2
+    assert "cost model (a CPU)" in legend_labels(ax) and "i.i.d. model (Leviathan)" in legend_labels(ax)
 
 
 def test_cost_quality_plane_places_each_draft_at_c_alpha(synthetic):
@@ -94,6 +104,7 @@ def test_cost_quality_plane_places_each_draft_at_c_alpha(synthetic):
     assert ax.get_xlabel().startswith("c") and "alpha" in ax.get_ylabel()
     labels = {t.get_text() for t in ax.texts}  # the iso-speedup contour labels
     assert {"1x", "1.5x", "2x"} <= labels
+    assert "i.i.d." in ax.get_title()  # no profile: Leviathan's plane, and the title says so
 
 
 def test_category_heatmap_annotates_every_cell(synthetic):
@@ -167,5 +178,5 @@ def test_wandb_jobs_maps_runs_to_the_job_table(monkeypatch):
 
     table = wandb_jobs("me/specexp", group="k_sweep")
     assert calls == [("me/specexp", {"group": "k_sweep"})]
-    assert table.to_dict("records") == [{"draft": "prompt_lookup", "k": 4, "temperature": 0.0, "batch_size": 1,
+    assert table.to_dict("records") == [{"draft": "prompt_lookup", "k": 4, "k_label": "4", "temperature": 0.0, "batch_size": 1,
                                          "alpha": 0.4, "speedup": 1.1}]

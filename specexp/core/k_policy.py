@@ -42,87 +42,117 @@ def expected_tokens(run_probability: np.ndarray, limits: np.ndarray, k_max: int)
     limits [B]: most tokens a row can propose (a free draft's found continuation, else k_max).
     """
     positions = np.arange(1, k_max + 1)  # [k_max]
-    per_k = np.zeros(k_max + 1)
-    for k in range(k_max + 1):
-        counted = positions[None, :] <= np.minimum(limits, k)[:, None]  # [B, k_max]
-        per_k[k] = len(limits) + (run_probability * counted).sum()
-    return per_k
+    kept = np.minimum(limits[:, None], np.arange(k_max + 1)[None, :])  # [B, K+1]: tokens row b keeps at K
+    counted = positions[None, None, :] <= kept[:, :, None]  # [B, K+1, k_max]
+    return len(limits) + (run_probability[:, None, :] * counted).sum(axis=(0, 2))
+
+
+STREAK_GROUPS = 1
 
 
 class ModelK:
     """`draft.k=auto`: each round's K maximises expected tokens per second under the cost model.
 
-    Acceptance is estimated online per draft position (and per group of a free draft, e.g. the
-    length of prompt lookup's n-gram match): counts over the whole run so far (started from a
-    weak prior) shrunk toward by each prompt's own counts. Seconds come from the hardware profile:
+    Acceptance is estimated online per draft position and per group of rounds: for a free draft
+    the group its proposal names (prompt lookup: the length of its n-gram match), for any other
+    whether the row's last round accepted all it proposed (acceptance comes in streaks: easy
+    stretches of copying or boilerplate). Counts over the whole run so far (started from a weak
+    prior) give the curve, each prompt's own acceptance scales it. Seconds come from the hardware profile:
     ``pass_seconds(context)`` [k_max+1] is a round's target pass and bookkeeping with K = 0..k_max
     draft tokens, ``draft_seconds`` [k_max+1] the draft's cost of proposing K (0 at K = 0).
-    Every ``probe_every``-th round proposes one token more than chosen, so positions past the
-    choice keep being measured.
+    While the position just past the choice has been looked at fewer than ``probe_until`` times
+    over the run, every ``probe_every``-th round proposes one token more, so a position the prior
+    undersold gets measured (then probing stops: it costs a longer pass). A row's own estimates
+    move K away from the run's best only for a ``margin`` of predicted gain.
     """
 
-    def __init__(self, pass_seconds: Callable[[int], np.ndarray], draft_seconds: np.ndarray, groups: int = 1,
-                 prior: float = 0.5, prior_weight: float = 2.0, prompt_weight: float = 4.0, probe_every: int = 8):
-        self.pass_seconds, self.draft_seconds, self.groups = pass_seconds, np.asarray(draft_seconds), groups
-        self.prior, self.prior_weight, self.prompt_weight, self.probe_every = prior, prior_weight, prompt_weight, probe_every
+    def __init__(self, pass_seconds: Callable[[int], np.ndarray], draft_seconds: np.ndarray, free_groups: int = 0,
+                 prior: float = 0.3, prior_weight: float = 2.0, prompt_weight: float = 8.0, probe_every: int = 8,
+                 probe_until: float = np.inf, margin: float = 0.05):
+        self.pass_seconds, self.draft_seconds, self.margin = pass_seconds, np.asarray(draft_seconds), margin
+        self.free = free_groups > 0  # a free draft's tokens cost the same however many are kept: it proposes k_max
+        self.groups = free_groups if self.free else STREAK_GROUPS  # else: 0 after a miss, 1 after a fully accepted round
+        self.prior, self.prior_weight, self.prompt_weight = prior, prior_weight, prompt_weight
+        self.probe_every, self.probe_until = probe_every, probe_until
         self.k_max = len(self.draft_seconds) - 1
-        self.accepted = np.zeros((groups, self.k_max))  # over the run: position i accepted
-        self.reached = np.zeros((groups, self.k_max))  # over the run: position i looked at by the rule
+        self.accepted = np.zeros((self.groups, self.k_max))  # over the run: position i accepted
+        self.reached = np.zeros((self.groups, self.k_max))  # over the run: position i looked at by the rule
         self.rounds = 0
-
-    @property
-    def free(self) -> bool:
-        """A grouped draft's tokens cost the same however many are kept: it proposes k_max."""
-        return self.groups > 1
 
     def begin(self, batch_size: int, k_max: int) -> None:
         if k_max != self.k_max:
             raise ValueError(f"the policy was built for k_max={self.k_max}, the draft proposes up to {k_max}")
         self.row_accepted = np.zeros((batch_size, self.groups, self.k_max))
         self.row_reached = np.zeros((batch_size, self.groups, self.k_max))
+        self.streak = np.zeros(batch_size, dtype=int)  # the group of a non-free draft's next round
 
     def acceptance(self) -> np.ndarray:
-        """Per row, group and position: P(accepted | earlier ones accepted) [B, G, k_max]."""
-        run = (self.accepted + self.prior_weight * self.prior) / (self.reached + self.prior_weight)  # [G, k_max]
-        return (self.row_accepted + self.prompt_weight * run) / (self.row_reached + self.prompt_weight)
+        """Per row, group and position: P(accepted | earlier ones accepted) [B, G, k_max].
 
-    def _best(self, run_probability: np.ndarray, limits: np.ndarray, seconds: np.ndarray) -> int:
-        k = int(np.argmax(expected_tokens(run_probability, limits, self.k_max) / seconds))
+        The run's estimate per group and position (a position or group seen little leans on the
+        run's acceptance over all of them, itself leaning on the prior), scaled per prompt by how
+        its own acceptance so far compares with the run's: prompts differ in how easy they are
+        more than in the shape of their curve, and one number per prompt is learnt in a few rounds.
+        """
+        overall = (self.accepted.sum() + self.prior_weight * self.prior) / (self.reached.sum() + self.prior_weight)
+        run = (self.accepted + self.prior_weight * overall) / (self.reached + self.prior_weight)  # [G, k_max]
+        prompt = (self.row_accepted.sum((1, 2)) + self.prompt_weight * overall) / \
+            (self.row_reached.sum((1, 2)) + self.prompt_weight)  # [B]
+        return np.clip(run[None] * (prompt / overall)[:, None, None], 0.0, 0.99)
+
+    def _best(self, active: np.ndarray, group: np.ndarray, limits: np.ndarray, seconds: np.ndarray) -> int:
+        """The K with the most tokens per second for these rows; a K other than the run's own best
+        (pooled over prompts and groups) only when it promises ``margin`` more: estimates this
+        close are within their noise, and each switch to a longer pass is paid for surely."""
+        estimated = self.acceptance()[np.nonzero(active)[0], group]  # [B', k_max]
+        rate = expected_tokens(np.cumprod(estimated, axis=-1), limits, self.k_max) / seconds
+        pooled = np.broadcast_to(self.pooled(), estimated.shape)
+        run_k = int(np.argmax(expected_tokens(np.cumprod(pooled, axis=-1), limits, self.k_max) / seconds))
+        k = int(np.argmax(rate))
+        if rate[k] < (1 + self.margin) * rate[run_k]:
+            k = run_k
         self.rounds += 1
-        if self.rounds % self.probe_every == 0:
+        unsure = k < self.k_max and bool((self.reached[group, k] < self.probe_until).any())
+        if unsure and self.rounds % self.probe_every == 0:
             k = min(k + 1, int(limits.max(initial=0)))
         return k
+
+    def pooled(self) -> np.ndarray:
+        """The run's acceptance per position over every group and prompt [k_max]."""
+        overall = (self.accepted.sum() + self.prior_weight * self.prior) / (self.reached.sum() + self.prior_weight)
+        return (self.accepted.sum(0) + self.prior_weight * overall) / (self.reached.sum(0) + self.prior_weight)
 
     def choose(self, ctx: Context) -> int:
         if self.free:
             return self.k_max
         active = ~ctx.done.cpu().numpy()
-        run_probability = np.cumprod(self.acceptance()[active, 0], axis=-1)  # [B', k_max]
         limits = np.full(int(active.sum()), self.k_max)
-        return self._best(run_probability, limits, self.pass_seconds(int(ctx.lengths.max())) + self.draft_seconds)
+        return self._best(active, self.streak[active], limits,
+                          self.pass_seconds(int(ctx.lengths.max())) + self.draft_seconds)
 
     def shorten(self, proposal: Proposal, ctx: Context) -> Proposal:
         if not self.free:
             return proposal
         active = ~ctx.done.cpu().numpy()
-        group = proposal.group.cpu().numpy()[active]
-        limits = proposal.n_proposed.cpu().numpy()[active]
-        run_probability = np.cumprod(self.acceptance()[active, group], axis=-1)  # [B', k_max]
         seconds = self.pass_seconds(int(ctx.lengths.max())) + self.draft_seconds[-1]  # the draft's cost is spent
-        return truncate(proposal, self._best(run_probability, limits, seconds))
+        k = self._best(active, proposal.group.cpu().numpy()[active], proposal.n_proposed.cpu().numpy()[active], seconds)
+        return truncate(proposal, k)
 
     def observe(self, proposal: Proposal, n_accepted: torch.Tensor, active: torch.Tensor) -> None:
         rows = active.cpu().numpy()
         proposed, accepted = proposal.n_proposed.cpu().numpy(), n_accepted.cpu().numpy()
-        group = proposal.group.cpu().numpy() if proposal.group is not None else np.zeros_like(proposed)
+        group = proposal.group.cpu().numpy() if self.free else self.streak
         position = np.arange(self.k_max)  # 0-based: position i + 1
         reached = (position < proposed[:, None]) & (position <= accepted[:, None]) & rows[:, None]  # [B, k_max]
         took = (position < accepted[:, None]) & rows[:, None]
-        for b in np.nonzero(rows)[0]:
-            self.row_reached[b, group[b]] += reached[b]
-            self.row_accepted[b, group[b]] += took[b]
-            self.reached[group[b]] += reached[b]
-            self.accepted[group[b]] += took[b]
+        batch = np.arange(len(rows))
+        np.add.at(self.row_reached, (batch, group), reached)
+        np.add.at(self.row_accepted, (batch, group), took)
+        np.add.at(self.reached, group, reached)
+        np.add.at(self.accepted, group, took)
+        if not self.free:  # a round without a draft leaves the streak as it was
+            streak = np.where(rows & (proposed > 0), (accepted == proposed).astype(int), self.streak)
+            self.streak = np.minimum(streak, self.groups - 1)
 
 
 class HeuristicK:
