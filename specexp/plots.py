@@ -127,7 +127,8 @@ def cost_quality_plane(jobs: pd.DataFrame, pass_ratios: np.ndarray | None = None
     palette = draft_palette(per_draft.index)
     for draft, row in per_draft.iterrows():
         ax.scatter(row["cost_ratio_c"], row[y], color=palette[draft], s=25, zorder=3, label=draft)
-    ylabel = r"equivalent $\alpha$ (i.i.d. rate of its tokens/round)" if y == "alpha_equivalent" else r"$\alpha$ (acceptance rate)"
+    ylabel = r"equivalent $\alpha$ (i.i.d. rate of its tokens/round)" if y == "alpha_equivalent" \
+        else r"$\alpha$ (acceptance rate)"
     ax.set(xlabel="c (draft cost per token / target step)", ylabel=ylabel, xlim=(0, c_max), ylim=(0, 1))
     ax.set_title(f"contours: cost model on {profile_label}" if profile_label else "contours: i.i.d. model, T(n) = T(1)",
                  fontsize=6)
@@ -174,7 +175,8 @@ def headline_table(jobs: pd.DataFrame) -> pd.DataFrame:
     for draft, group in jobs.groupby("draft"):
         best = group.loc[group["speedup"].idxmax()] if group["speedup"].notna().any() else group.iloc[0]
         a, c = best["alpha"], best["cost_ratio_c"]
-        rows.append({"draft": draft, "K": best["k_label"] if "k_label" in best else int(best["k"]), "alpha": a, "tau": best["tau"], "c": c,
+        k = best["k_label"] if "k_label" in best else int(best["k"])  # a number, or auto / heuristic
+        rows.append({"draft": draft, "K": k, "alpha": a, "tau": best["tau"], "c": c,
                      "speedup": best["speedup"], "predicted": best["predicted_speedup"],
                      "optimal K": optimal_k(a, c) if pd.notna(a) and pd.notna(c) else None})
     return pd.DataFrame(rows).sort_values("speedup", ascending=False, na_position="last")
