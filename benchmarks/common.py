@@ -53,30 +53,56 @@ def machine() -> str:
 
 def interleaved_summaries(target: LoadedModel, prompts: list[Prompt], encoded: list[list[int]], methods: dict,
                           sampling: SamplingConfig, max_new: int, seed: int, desc: str = "",
-                          forward=None) -> dict[str, dict]:
+                          forward=None, profile=None) -> dict[str, dict]:
     """Decode every prompt with every method back to back, the order rotating per prompt so drift
-    on a shared machine hits all alike. ``methods``: name -> (drafter or None, K), with "ar" (the
-    baseline, drafter None) first. Returns per non-AR method the study's own `summarize` metrics,
+    on a shared machine hits all alike. ``methods``: name -> (drafter or None, K[, K policy[, the
+    draft's profile entry]]), with "ar" (the baseline, drafter None) first. Returns per non-AR
+    method the study's own `summarize` metrics (priced by ``profile`` where an entry is named),
     plus the median per-prompt speedup and the number of prompts decoded identically to AR."""
     names = list(methods)
+    methods = {name: (*spec, None, None)[:4] for name, spec in methods.items()}
     rounds, batches, tokens = {m: [] for m in names}, {m: [] for m in names}, {m: {} for m in names}
     for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded, strict=True)), desc=desc)):
         for name in names[i % len(names):] + names[: i % len(names)]:
-            drafter, k = methods[name]
+            drafter, k, policy, _ = methods[name]
             out = generate(forward or target.model, [ids], drafter, sampling, max_new, target.eos_token_ids,
-                           torch.Generator().manual_seed(seed + i), target.pad_token_id)
+                           torch.Generator().manual_seed(seed + i), target.pad_token_id, k_policy=policy)
             mode = "ar" if drafter is None else "spec"
             rounds[name].append(round_table(out, [prompt], mode, i, k))
-            batches[name].append(batch_record(out, mode, i, prompt.category))
+            batches[name].append(batch_record(out, mode, i, prompt.category, len(ids)))
             tokens[name][prompt.id] = (out.tokens[0], out.total_s)
     ar_rounds, ar_batches = pd.concat(rounds["ar"]), pd.DataFrame(batches["ar"])
     results = {}
     for name in names[1:]:
+        _, k, _, draft = methods[name]
         summary = summarize(pd.concat([ar_rounds, *rounds[name]], ignore_index=True),
-                            pd.concat([ar_batches, pd.DataFrame(batches[name])], ignore_index=True), methods[name][1])
+                            pd.concat([ar_batches, pd.DataFrame(batches[name])], ignore_index=True), k,
+                            profile=profile if draft else None, draft=draft or "")
         ratios = [len(tokens[name][p][0]) / tokens[name][p][1] / (len(tokens["ar"][p][0]) / tokens["ar"][p][1])
                   for p in tokens[name]]
         summary["median_prompt_speedup"] = statistics.median(ratios)
         summary["identical"] = sum(tokens[name][p][0] == tokens["ar"][p][0] for p in tokens[name])
         results[name] = summary
     return results
+
+
+def study_draft(target: LoadedModel, forward, runtime_record: dict, name: str, prompt: list[int],
+                overrides: tuple[str, ...] = (), sampling: SamplingConfig = GREEDY):
+    """A draft config built as `python -m specexp draft=NAME OVERRIDES` builds it: (drafter, K, its K
+    policy or None, its entry in this machine's profile, the profile), the profile measured first
+    if this machine has none for the setting."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from specexp.cli import CONFIG_DIR
+    from specexp.k_choice import make_policy, resolve_draft_k
+    from specexp.profile import draft_key, ensure_profile
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"draft={name}", *overrides])
+    draft_cfg, policy_name = resolve_draft_k(cfg.draft)
+    drafter = instantiate(draft_cfg)(target)
+    key = draft_key(draft_cfg)
+    profile = ensure_profile(target, forward, runtime_record, drafter, key, prompt, 1, sampling, drafter.k,
+                             list(cfg.profile.context_lengths), cfg.profile.repeats, cfg.profile.new_tokens)
+    return drafter, drafter.k, make_policy(policy_name, profile, key, drafter), key, profile

@@ -30,9 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import decode_hf, decode_ours, interleaved_summaries, machine, stream_bandwidth
-from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
+from common import decode_hf, decode_ours, interleaved_summaries, machine, stream_bandwidth, study_draft
 
 from specexp.cli import CONFIG_DIR
 from specexp.core.kv import new_ragged_kv
@@ -92,14 +90,13 @@ def llama_cpp_ms_per_token(gguf: Path | None, encoded: list[list[int]], max_new:
     return statistics.median(per_token) * 1e3
 
 
-def shipped_drafts(target, names: list[str]) -> dict:
-    """name -> (drafter, K) for each draft config as `python -m specexp draft=NAME` builds it."""
+def shipped_drafts(target, forward, record: dict, names: list[str], prompt: list[int]) -> dict:
+    """name -> (drafter, K, K policy) for each draft config as `python -m specexp draft=NAME` builds it
+    (draft.k=auto: K chosen per round from this machine's profile)."""
     drafts = {}
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        for name in names:
-            cfg = compose(config_name="config", overrides=[f"draft={name}"])
-            drafter = instantiate(cfg.draft)(target)
-            drafts[f"{name} K={drafter.k}"] = (drafter, drafter.k)
+    for name in names:
+        drafter, k, policy, _, _ = study_draft(target, forward, record, name, prompt)
+        drafts[f"{name} K={'auto' if policy else k}"] = (drafter, k, policy)
     return drafts
 
 
@@ -169,7 +166,7 @@ def main() -> None:
                  if llama_ms else "| llama.cpp F32 | not measured (llama-cpp-python or --gguf absent) | | | |")
     lines.append(f"| floor (weights / stream bandwidth) | {floor_ms:.1f} | 1.00 | {hf_ms / floor_ms:.2f} | - |")
 
-    names = sorted(p.stem for p in (Path(CONFIG_DIR) / "draft").glob("*.yaml") if p.stem not in NEEDS_A_MODEL)
+    names = sorted(p.stem for p in (Path(CONFIG_DIR) / "draft").glob("*.yaml") if p.stem not in NEEDS_A_MODEL | {"oracle"})
     args.out.write_text("\n".join(lines) + "\n")  # what is measured so far survives a crash below
     lines += ["", f"## The default study's drafts, before and on runtime=lean (MT-bench, greedy, batch 1; "
               f"{', '.join(sorted(NEEDS_A_MODEL))} needs a user's draft.model)", "",
@@ -177,8 +174,8 @@ def main() -> None:
               "|---|---|---|---|---|---|---|"]
     for name in ("before", "lean"):
         target = targets[name]
-        methods = {"ar": (None, 0), **shipped_drafts(target, names)}
-        for drafter, k in list(methods.values())[1:]:  # as a study does: the draft's own models follow the runtime
+        methods = {"ar": (None, 0), **shipped_drafts(target, forwards[name], prepared[name].record, names, encoded[0])}
+        for drafter, k, _ in list(methods.values())[1:]:  # as a study does: the draft's own models follow the runtime
             setups[name].prepare(target, drafter, round_rows(1, k))
         results = interleaved_summaries(target, prompts, encoded, methods, SamplingConfig(), args.max_new_tokens, 0,
                                         desc=name, forward=forwards[name])

@@ -57,7 +57,12 @@ def collect(paths: list[Path]) -> pd.DataFrame:
             raise FileNotFoundError(f"'{root}' does not exist")
         for config in sorted(root.rglob(".hydra/config.yaml")):
             rows.append(job_row(config.parent.parent, root))
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    for column in table.columns[table.dtypes == object]:  # e.g. draft.k: 1, 2, ..., "auto" -> one type for parquet
+        kinds = {type(v) for v in table[column].dropna()}
+        if str in kinds and len(kinds) > 1:
+            table[column] = table[column].map(lambda v: v if v is None or v != v else str(v))
+    return table
 
 
 def print_table(table: pd.DataFrame, console: Console | None = None) -> None:

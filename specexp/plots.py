@@ -136,6 +136,23 @@ def cost_quality_plane(jobs: pd.DataFrame, pass_ratios: np.ndarray | None = None
     return fig
 
 
+def realized_vs_predicted(jobs: pd.DataFrame) -> Figure:
+    """Each job's measured speedup against the cost model's prediction, the identity line and a
+    10% band around it: how far the model can be trusted on this hardware."""
+    fig, (ax,) = _figure(height=2.6)
+    priced = jobs.dropna(subset=["predicted_speedup", "speedup"])
+    low = min(priced[["predicted_speedup", "speedup"]].min().min(), 1.0) * 0.9
+    high = max(priced[["predicted_speedup", "speedup"]].max().max(), 1.0) * 1.1
+    line = np.array([low, high])
+    ax.fill_between(line, line * 0.9, line * 1.1, color="0.9", zorder=0, label="within 10%")
+    ax.plot(line, line, color="0.4", linewidth=0.8, linestyle="--", label="realized = predicted")
+    sns.scatterplot(data=priced, x="predicted_speedup", y="speedup", hue="draft", palette=draft_palette(priced["draft"]),
+                    s=18, ax=ax, zorder=3)
+    ax.set(xlabel="predicted speedup (cost model)", ylabel="realized speedup", xlim=(low, high), ylim=(low, high))
+    ax.legend(fontsize=5)
+    return fig
+
+
 def category_heatmap(jobs: pd.DataFrame, metric: str = "tau") -> Figure:
     """metric (tau or speedup) per draft x prompt category (columns `{metric}.{category}`)."""
     columns = [c for c in jobs.columns if c.startswith(f"{metric}.")]

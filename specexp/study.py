@@ -24,6 +24,7 @@ from specexp.core.interface import Drafter
 from specexp.core.k_policy import KPolicy
 from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt, encode_prompts
+from specexp.drafts.oracle import greedy_continuations
 from specexp.errors import UserInputError
 from specexp.k_choice import make_policy, resolve_draft_k
 from specexp.models import LoadedModel
@@ -80,6 +81,12 @@ def prepare(cfg: DictConfig) -> Study:
             )
     study = Study(target, drafter, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
                   cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_name=draft_key(draft_cfg))
+    if getattr(drafter, "greedy_only", False) and not sampling.greedy:
+        raise UserInputError(f"draft={type(drafter).__name__} needs greedy decoding; set sampling=greedy "
+                             f"(got temperature={sampling.temperature})")
+    if hasattr(drafter, "set_reference"):  # the oracle: the target's greedy continuations, decoded untimed
+        new_tokens = max(cfg.max_new_tokens, cfg.profile.new_tokens)
+        drafter.set_reference(encoded, greedy_continuations(runtime.forward, target, encoded, new_tokens, cfg.batch_size))
     study.profile = study_profile(cfg, study)
     study.k_policy = make_policy(policy, study.profile, study.draft_name, drafter)
     study.k_setting = policy or "fixed"
@@ -128,6 +135,7 @@ def round_table(out: GenerationOutput, prompts: list[Prompt], mode: str, batch: 
         "proposed": out.n_proposed.numpy()[r, b],
         "accepted": out.n_accepted.numpy()[r, b],
         "emitted": out.n_emitted.numpy()[r, b],
+        "group": out.group.numpy()[r, b] if out.group is not None else 0,  # prompt lookup: the match length
         "draft_s": np.asarray(out.draft_s)[r],  # per round, shared by the rows of a batch
         "target_s": np.asarray(out.target_s)[r],
         "verify_s": np.asarray(out.verify_s)[r],

@@ -71,34 +71,53 @@ def test_launchers_and_loggers_compose(launcher, logger):
 def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     sweep, out = smoke_k_sweep
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.count("[done]") == 18  # one line per finished job
+    assert out.stdout.count("[done]") == 24  # one line per finished job
     out = run_cli(str(sweep), module="specexp.collect")
     assert out.returncode == 0, out.stderr
     table = pd.read_parquet(sweep / "collected.parquet")
-    assert len(table) == 18 and set(table["status"]) == {"ok"}
+    assert len(table) == 24 and set(table["status"]) == {"ok"}
     assert {"cfg.draft.k", "choice.draft", "alpha", "tau", "speedup", "cost_ratio_c", "predicted_speedup",
-            "acceptance_pos1", "greedy_match"} <= set(table.columns)
-    assert sorted(table["cfg.draft.k"].unique()) == [1, 2, 3, 4, 6, 8]
+            "realized_over_predicted", "predicted_speedup_iid", "acceptance_pos1", "greedy_match"} <= set(table.columns)
+    assert sorted(table["cfg.draft.k"].astype(str).unique()) == ["1", "2", "3", "4", "6", "8", "auto", "heuristic"]
     assert set(table["choice.draft"]) == {"prompt_lookup", "target_prefix", "distilled"}
     assert (table["greedy_match"] == 1.0).all()
-    assert (sweep / "collected.csv").exists() and "18 jobs" in out.stdout
+    assert table["predicted_speedup"].notna().all()  # every job priced by this machine's profile
+    assert (sweep / "collected.csv").exists() and "24 jobs" in out.stdout
     out = run_cli(str(sweep), "--out", str(tmp_path / "figures"), module="specexp.figures")
     assert out.returncode == 0, out.stderr
     made = {p.name for p in (tmp_path / "figures").iterdir()}
-    assert {"speedup_vs_k.pdf", "acceptance_curve.pdf", "cost_quality_plane.png", "headline.tex"} <= made
+    assert {"speedup_vs_k.pdf", "acceptance_curve.pdf", "cost_quality_plane.png", "realized_vs_predicted.pdf",
+            "headline.tex"} <= made
     assert "skipped temperature_effect: needs 2 or more temperatures" in out.stdout
-    # The plotting functions on the real tables: a series per draft of the sweep.
+    # The plotting functions on the real tables: a series per draft of the sweep, its model curve and best K.
     from specexp import figures, plots
 
     jobs = figures.study_jobs([sweep])
     drafts = {"prompt_lookup", "target_prefix", "distilled"}
-    ax = plots.speedup_vs_k(jobs, figures.per_prompt_table(jobs)).axes[0]
-    assert {t.get_text() for t in ax.get_legend().get_texts()} == drafts
-    assert len([line for line in ax.lines if line.get_marker() == "*"]) == 3  # an optimal K per draft
+    model, label = figures.model_curves(jobs)
+    assert set(model["draft"]) == drafts and sorted(model["k"].unique()) == list(range(1, 9)) and label
+    ax = plots.speedup_vs_k(jobs, figures.per_prompt_table(jobs), model, label).axes[0]
+    assert drafts <= {t.get_text() for t in ax.get_legend().get_texts()}
+    assert len([line for line in ax.lines if line.get_marker() == "*"]) == 3  # the model's best K per draft
     positions = figures.acceptance_by_position(jobs)
     assert set(positions["draft"]) == drafts and positions["position"].min() == 1 and positions["position"].max() <= 8
-    plane = plots.cost_quality_plane(jobs).axes[0]
+    plane = plots.cost_quality_plane(jobs, *figures.plane_pricing(jobs)).axes[0]
     assert {t.get_text() for t in plane.get_legend().get_texts()} == drafts
+    assert plane.get_title().startswith("contours: cost model on")
+    # The sweep re-priced under a profile written by hand: a machine whose passes cost T(n) = T(1)
+    # and whose drafts are free predicts more speedup for every draft than this one.
+    own = figures.job_profile(jobs["path"].iloc[0])
+    flat = dict(own.record(), target_s=[[row[0]] * len(row) for row in own.target_s],
+                drafts={name: dict(entry, draft_s=[0.0] * len(entry["draft_s"]), pass_s=None)
+                        for name, entry in own.drafts.items()})
+    (tmp_path / "flat.json").write_text(json.dumps(flat))
+    out = run_cli(str(sweep), "--profile", str(tmp_path / "flat.json"), "--out", str(tmp_path / "predict"),
+                  module="specexp.predict")
+    assert out.returncode == 0, out.stderr
+    repriced = pd.read_csv(tmp_path / "predict" / "predict.csv")
+    assert len(repriced) == 24 and repriced["predicted"].notna().all()
+    assert (repriced["predicted"] >= repriced["predicted_own"] * 0.999).all()
+    assert (tmp_path / "predict" / "predict.pdf").exists()
 
 
 @pytest.mark.default_target

@@ -29,6 +29,7 @@ class GenerationOutput:
     n_accepted: torch.Tensor  # [R, B] of those, accepted by the rule
     n_emitted: torch.Tensor  # [R, B] tokens committed (accepted + resampled/bonus, cut at EOS/limit)
     active: torch.Tensor  # [R, B] bool: row still generating in that round
+    group: torch.Tensor | None = None  # [R, B] long: the proposal's group (prompt lookup: its match length; else 0)
     k_chosen: list[int] = field(default_factory=list)  # [R] K asked of the draft (0: no draft that round)
     context: list[int] = field(default_factory=list)  # [R] committed tokens of the longest row (what the pass attends to)
     draft_s: list[float] = field(default_factory=list)  # [R] seconds proposing
@@ -140,7 +141,7 @@ def generate(
     prefill_s = clock() - start_time
 
     out = GenerationOutput(tokens=[], n_proposed=None, n_accepted=None, n_emitted=None, active=None)
-    logs: dict[str, list[torch.Tensor]] = {"n_proposed": [], "n_accepted": [], "n_emitted": [], "active": []}
+    logs: dict[str, list[torch.Tensor]] = {"n_proposed": [], "n_accepted": [], "n_emitted": [], "active": [], "group": []}
     while not bool(ctx.done.all()):  # the round's host sync
         t0 = clock()
         out.context.append(int(ctx.lengths.max()))
@@ -184,8 +185,9 @@ def generate(
         if k_policy is not None:
             k_policy.observe(proposal, n_accepted, active)
         tip = next_token
+        group = proposal.group if proposal.group is not None else torch.zeros_like(n_accepted)
         for name, value in (("n_proposed", proposal.n_proposed), ("n_accepted", n_accepted),
-                            ("n_emitted", n_emit), ("active", active)):
+                            ("n_emitted", n_emit), ("active", active), ("group", group)):
             logs[name].append(value)
         t3 = clock()
         out.draft_s.append(t1 - t0)

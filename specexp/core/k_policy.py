@@ -47,33 +47,29 @@ def expected_tokens(run_probability: np.ndarray, limits: np.ndarray, k_max: int)
     return len(limits) + (run_probability[:, None, :] * counted).sum(axis=(0, 2))
 
 
-STREAK_GROUPS = 1
-
-
 class ModelK:
     """`draft.k=auto`: each round's K maximises expected tokens per second under the cost model.
 
-    Acceptance is estimated online per draft position and per group of rounds: for a free draft
-    the group its proposal names (prompt lookup: the length of its n-gram match), for any other
-    whether the row's last round accepted all it proposed (acceptance comes in streaks: easy
-    stretches of copying or boilerplate). Counts over the whole run so far (started from a weak
-    prior) give the curve, each prompt's own acceptance scales it. Seconds come from the hardware profile:
+    Acceptance is estimated online per draft position (and, for a free draft, per the group its
+    proposal names: prompt lookup's n-gram match length). Counts over the whole run so far
+    (started from a weak prior) give the curve; each prompt's own acceptance so far scales it.
+    Seconds come from the hardware profile:
     ``pass_seconds(context)`` [k_max+1] is a round's target pass and bookkeeping with K = 0..k_max
     draft tokens, ``draft_seconds`` [k_max+1] the draft's cost of proposing K (0 at K = 0).
-    While the position just past the choice has been looked at fewer than ``probe_until`` times
-    over the run, every ``probe_every``-th round proposes one token more, so a position the prior
-    undersold gets measured (then probing stops: it costs a longer pass). A row's own estimates
-    move K away from the run's best only for a ``margin`` of predicted gain.
+    Every ``probe_every``-th round proposes one token more than chosen while that could plausibly
+    pay (acceptance two standard errors above the estimates): a position reached only on easy
+    prompts would otherwise look better than it is, and a draft that plainly loses is left alone.
+    A row's own estimates move K away from the run's best only for a ``margin`` of predicted gain.
     """
 
     def __init__(self, pass_seconds: Callable[[int], np.ndarray], draft_seconds: np.ndarray, free_groups: int = 0,
                  prior: float = 0.3, prior_weight: float = 2.0, prompt_weight: float = 8.0, probe_every: int = 8,
-                 probe_until: float = np.inf, margin: float = 0.05):
+                 margin: float = 0.05):
         self.pass_seconds, self.draft_seconds, self.margin = pass_seconds, np.asarray(draft_seconds), margin
         self.free = free_groups > 0  # a free draft's tokens cost the same however many are kept: it proposes k_max
-        self.groups = free_groups if self.free else STREAK_GROUPS  # else: 0 after a miss, 1 after a fully accepted round
+        self.groups = max(free_groups, 1)
         self.prior, self.prior_weight, self.prompt_weight = prior, prior_weight, prompt_weight
-        self.probe_every, self.probe_until = probe_every, probe_until
+        self.probe_every = probe_every
         self.k_max = len(self.draft_seconds) - 1
         self.accepted = np.zeros((self.groups, self.k_max))  # over the run: position i accepted
         self.reached = np.zeros((self.groups, self.k_max))  # over the run: position i looked at by the rule
@@ -84,7 +80,7 @@ class ModelK:
             raise ValueError(f"the policy was built for k_max={self.k_max}, the draft proposes up to {k_max}")
         self.row_accepted = np.zeros((batch_size, self.groups, self.k_max))
         self.row_reached = np.zeros((batch_size, self.groups, self.k_max))
-        self.streak = np.zeros(batch_size, dtype=int)  # the group of a non-free draft's next round
+        self.estimates = None
 
     def acceptance(self) -> np.ndarray:
         """Per row, group and position: P(accepted | earlier ones accepted) [B, G, k_max].
@@ -94,11 +90,14 @@ class ModelK:
         its own acceptance so far compares with the run's: prompts differ in how easy they are
         more than in the shape of their curve, and one number per prompt is learnt in a few rounds.
         """
-        overall = (self.accepted.sum() + self.prior_weight * self.prior) / (self.reached.sum() + self.prior_weight)
-        run = (self.accepted + self.prior_weight * overall) / (self.reached + self.prior_weight)  # [G, k_max]
-        prompt = (self.row_accepted.sum((1, 2)) + self.prompt_weight * overall) / \
-            (self.row_reached.sum((1, 2)) + self.prompt_weight)  # [B]
-        return np.clip(run[None] * (prompt / overall)[:, None, None], 0.0, 0.99)
+        if self.estimates is None:  # once per round: observe() invalidates
+            overall = (self.accepted.sum() + self.prior_weight * self.prior) / (self.reached.sum() + self.prior_weight)
+            run = (self.accepted + self.prior_weight * overall) / (self.reached + self.prior_weight)  # [G, k_max]
+            prompt = (self.row_accepted.sum((1, 2)) + self.prompt_weight * overall) / \
+                (self.row_reached.sum((1, 2)) + self.prompt_weight)  # [B]
+            pooled = (self.accepted.sum(0) + self.prior_weight * overall) / (self.reached.sum(0) + self.prior_weight)
+            self.estimates = np.clip(run[None] * (prompt / overall)[:, None, None], 0.0, 0.99), pooled
+        return self.estimates[0]
 
     def _best(self, active: np.ndarray, group: np.ndarray, limits: np.ndarray, seconds: np.ndarray) -> int:
         """The K with the most tokens per second for these rows; a K other than the run's own best
@@ -112,22 +111,32 @@ class ModelK:
         if rate[k] < (1 + self.margin) * rate[run_k]:
             k = run_k
         self.rounds += 1
-        unsure = k < self.k_max and bool((self.reached[group, k] < self.probe_until).any())
-        if unsure and self.rounds % self.probe_every == 0:
-            k = min(k + 1, int(limits.max(initial=0)))
+        if k < int(limits.max(initial=0)) and self.rounds % self.probe_every == 0 and self._worth_probing(
+                estimated, group, limits, seconds, rate[k], k):
+            k += 1
         return k
+
+    def _worth_probing(self, estimated: np.ndarray, group: np.ndarray, limits: np.ndarray, seconds: np.ndarray,
+                       chosen_rate: float, k: int) -> bool:
+        """Whether one token more than chosen could plausibly pay: at acceptance two standard
+        errors above the run's estimates (their counts so far). A draft that plainly loses stops
+        being probed; a close call keeps being measured."""
+        n = self.reached[group]  # [B', k_max]: the run's counts behind each row's estimates
+        optimistic = np.minimum(estimated + 2 * np.sqrt(estimated * (1 - estimated) / (n + 1)), 0.99)
+        rate = expected_tokens(np.cumprod(optimistic, axis=-1), limits, self.k_max) / seconds
+        return bool(rate[k + 1] > chosen_rate)
 
     def pooled(self) -> np.ndarray:
         """The run's acceptance per position over every group and prompt [k_max]."""
-        overall = (self.accepted.sum() + self.prior_weight * self.prior) / (self.reached.sum() + self.prior_weight)
-        return (self.accepted.sum(0) + self.prior_weight * overall) / (self.reached.sum(0) + self.prior_weight)
+        self.acceptance()
+        return self.estimates[1]
 
     def choose(self, ctx: Context) -> int:
         if self.free:
             return self.k_max
         active = ~ctx.done.cpu().numpy()
         limits = np.full(int(active.sum()), self.k_max)
-        return self._best(active, self.streak[active], limits,
+        return self._best(active, np.zeros(len(limits), dtype=int), limits,
                           self.pass_seconds(int(ctx.lengths.max())) + self.draft_seconds)
 
     def shorten(self, proposal: Proposal, ctx: Context) -> Proposal:
@@ -141,7 +150,7 @@ class ModelK:
     def observe(self, proposal: Proposal, n_accepted: torch.Tensor, active: torch.Tensor) -> None:
         rows = active.cpu().numpy()
         proposed, accepted = proposal.n_proposed.cpu().numpy(), n_accepted.cpu().numpy()
-        group = proposal.group.cpu().numpy() if self.free else self.streak
+        group = proposal.group.cpu().numpy() if self.free else np.zeros_like(proposed)
         position = np.arange(self.k_max)  # 0-based: position i + 1
         reached = (position < proposed[:, None]) & (position <= accepted[:, None]) & rows[:, None]  # [B, k_max]
         took = (position < accepted[:, None]) & rows[:, None]
@@ -150,9 +159,7 @@ class ModelK:
         np.add.at(self.row_accepted, (batch, group), took)
         np.add.at(self.reached, group, reached)
         np.add.at(self.accepted, group, took)
-        if not self.free:  # a round without a draft leaves the streak as it was
-            streak = np.where(rows & (proposed > 0), (accepted == proposed).astype(int), self.streak)
-            self.streak = np.minimum(streak, self.groups - 1)
+        self.estimates = None
 
 
 class HeuristicK:

@@ -1,0 +1,115 @@
+"""A synthetic draft that validates the cost model: acceptance and cost set by hand.
+
+`draft=oracle` knows the target's greedy continuation of every prompt (decoded once, untimed,
+before the study) and proposes it with each token independently replaced by a wrong one with
+probability 1 - alpha_i at draft position i. Under greedy decoding a right token is accepted and
+a wrong one rejected, so position i is accepted with probability alpha_i given the ones before
+it: the per-position acceptance is known in advance. Its cost is real: each round runs a
+random-weight Llama of the chosen size (`cost_layers` x `cost_hidden`, the target's vocabulary)
+through the runtime, exactly as a small_lm draft of that size would (its tokens are discarded).
+Exact like every draft: the rule decides, the oracle only proposes.
+"""
+
+from collections.abc import Sequence
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specexp.core.engine import generate
+from specexp.core.interface import Context, Proposal
+from specexp.core.sampling import SamplingConfig
+from specexp.drafts.base import check_k, one_hot_proposal
+from specexp.drafts.small_lm import SmallLMDrafter
+from specexp.errors import UserInputError
+from specexp.models import LoadedModel
+
+_CONTINUATIONS: dict[tuple, list[int]] = {}  # (target, prompt, tokens) -> greedy continuation, across a sweep's jobs
+
+
+def random_llama(target: LoadedModel, layers: int, hidden: int, seed: int = 0) -> LoadedModel:
+    """A random-weight Llama on the target's vocabulary, device and dtype: a draft's cost without its skill."""
+    torch.manual_seed(seed)
+    heads = max(hidden // 64, 1)
+    config = LlamaConfig(vocab_size=target.vocab_size, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                         max_position_embeddings=target.context_length or 8192, tie_word_embeddings=True)
+    dtype = next(target.model.parameters()).dtype
+    model = LlamaForCausalLM(config).to(device=target.model.device, dtype=dtype).eval()
+    return LoadedModel(model=model, tokenizer=None, name=f"random-llama-{layers}x{hidden}")
+
+
+def greedy_continuations(forward, target: LoadedModel, prompts: list[list[int]], max_new_tokens: int,
+                         batch_size: int) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (cached for the process: a sweep's jobs share them)."""
+    missing = [p for p in prompts if (target.name, tuple(p), max_new_tokens) not in _CONTINUATIONS]
+    for start in range(0, len(missing), batch_size):
+        batch = missing[start : start + batch_size]
+        out = generate(forward, batch, None, SamplingConfig(), max_new_tokens, target.eos_token_ids, None,
+                       target.pad_token_id)
+        for prompt, tokens in zip(batch, out.tokens, strict=True):
+            _CONTINUATIONS[(target.name, tuple(prompt), max_new_tokens)] = tokens
+    return [_CONTINUATIONS[(target.name, tuple(p), max_new_tokens)] for p in prompts]
+
+
+class OracleDrafter:
+    greedy_only = True  # acceptance is only set by hand when the rule is greedy's
+
+    def __init__(self, target: LoadedModel, alpha: float | Sequence[float] = 0.6, k: int = 4, cost_layers: int = 2,
+                 cost_hidden: int = 256, seed: int = 0):
+        check_k(k)
+        alphas = [float(alpha)] if isinstance(alpha, int | float) else [float(a) for a in alpha]
+        if not alphas or any(not 0.0 <= a <= 1.0 for a in alphas):
+            raise UserInputError(f"draft.alpha={alpha} is not allowed; give a probability in [0, 1] or a list of them "
+                                 "(per draft position; the last one holds for later positions)")
+        if cost_layers < 0 or cost_hidden < 1:
+            raise UserInputError(f"draft.cost_layers={cost_layers}, draft.cost_hidden={cost_hidden} are not allowed; "
+                                 "layers >= 0 (0: a free draft) and hidden >= 1")
+        self.k, self.alphas, self.vocab_size = k, alphas, target.vocab_size
+        self.cost_model = random_llama(target, cost_layers, cost_hidden, seed) if cost_layers else None
+        self.cost = SmallLMDrafter(target, self.cost_model, k=k) if self.cost_model is not None else None
+        self.generator = torch.Generator().manual_seed(seed)
+        self.reference: dict[tuple, list[int]] = {}
+        self.rows: list[list[int]] = []
+        self.prompt_lengths: list[int] = []
+
+    def set_reference(self, prompts: list[list[int]], continuations: list[list[int]]) -> None:
+        self.reference = {tuple(p): c for p, c in zip(prompts, continuations, strict=True)}
+
+    def alpha_at(self, position: int) -> float:
+        return self.alphas[min(position, len(self.alphas) - 1)]
+
+    def reset(self, ctx: Context) -> None:
+        tokens, start, lengths = ctx.tokens.cpu(), ctx.start.tolist(), ctx.lengths.tolist()
+        self.rows, self.prompt_lengths = [], []
+        for b in range(len(start)):
+            prompt = tuple(tokens[b, start[b] : lengths[b] - 1].tolist())  # the first new token is committed
+            if prompt not in self.reference:
+                raise UserInputError("draft=oracle was given no greedy continuation for a prompt; it runs inside a "
+                                     "study (python -m specexp draft=oracle), which decodes them first")
+            self.rows.append(self.reference[prompt])
+            self.prompt_lengths.append(lengths[b] - 1 - start[b])
+        if self.cost is not None:
+            self.cost.reset(ctx)
+
+    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+        if not sampling.greedy:
+            raise UserInputError("draft=oracle needs greedy decoding (sampling=greedy): its acceptance is set by hand "
+                                 "only when the rule accepts exactly the target's argmax")
+        if self.cost is not None:  # the draft's real work, its tokens discarded
+            self.cost.k = self.k
+            self.cost.propose(ctx, sampling, None)
+        done, start, lengths = ctx.done.tolist(), ctx.start.tolist(), ctx.lengths.tolist()
+        found = []
+        for b, continuation in enumerate(self.rows):
+            generated = lengths[b] - start[b] - self.prompt_lengths[b]
+            right = [] if done[b] else continuation[generated : generated + self.k]
+            wrong = torch.rand(len(right), generator=self.generator).tolist()
+            shift = torch.randint(1, self.vocab_size, (len(right),), generator=self.generator).tolist()
+            found.append([t if u < self.alpha_at(i) else (t + s) % self.vocab_size
+                          for i, (t, u, s) in enumerate(zip(right, wrong, shift, strict=True))])
+        return one_hot_proposal(found, self.vocab_size, ctx.tokens.device)
+
+    def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
+        if self.cost is not None:
+            self.cost.update(ctx, proposal, n_accepted)
+
