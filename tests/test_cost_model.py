@@ -1,6 +1,8 @@
 """The calibrated cost model on hand-checked cases: acceptance by proposal length, expected tokens,
 the prediction for a hand-made run under a hand-written profile, and draft.k=auto's choices."""
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -116,3 +118,24 @@ def test_model_k_keeps_what_pays_of_a_free_drafts_proposal_by_group():
     assert policy.shorten(full, context(1)).tokens.shape[1] == k_max
     full.group = torch.tensor([1])
     assert policy.shorten(full, context(1)).tokens.shape[1] == 0
+
+
+RECORDED_SWEEP = Path(__file__).resolve().parent.parent / "benchmarks" / "cost_model_k_sweep"
+
+
+def test_the_model_curve_passes_within_10_percent_of_a_recorded_sweep():
+    """benchmarks/cost_model_k_sweep: experiment=k_sweep as run for benchmarks/cost_model.md (2-core AMD
+    EPYC). Each draft's curve (its K = 8 run re-priced at K = 1..8 under the run's profile) against
+    the speedup measured at every fixed K of the sweep."""
+    from specexp import figures
+
+    jobs = figures.study_jobs([RECORDED_SWEEP])
+    model, label = figures.model_curves(jobs)
+    assert label.startswith("AMD EPYC") and set(model["draft"]) == {"prompt_lookup", "target_prefix", "distilled"}
+    curve = model.set_index(["draft", "k"])["speedup"]
+    fixed = jobs.dropna(subset=["k"])
+    assert len(fixed) == 18
+    for job in fixed.itertuples():
+        assert abs(job.speedup / curve[(job.draft, int(job.k))] - 1) <= 0.10, (job.draft, job.k)
+    # and every job of it, K chosen per round too, within [0.9, 1.1] of the model's prediction for it
+    assert jobs["realized_over_predicted"].between(0.9, 1.1).all()

@@ -74,6 +74,7 @@ class ModelK:
         self.accepted = np.zeros((self.groups, self.k_max))  # over the run: position i accepted
         self.reached = np.zeros((self.groups, self.k_max))  # over the run: position i looked at by the rule
         self.rounds = 0
+        self.observed = 0  # rounds learnt from
 
     def begin(self, batch_size: int, k_max: int) -> None:
         if k_max != self.k_max:
@@ -81,6 +82,7 @@ class ModelK:
         self.row_accepted = np.zeros((batch_size, self.groups, self.k_max))
         self.row_reached = np.zeros((batch_size, self.groups, self.k_max))
         self.estimates = None
+        self.last_choice = None  # (state it was made in, K): a round without a draft is decided once
 
     def acceptance(self) -> np.ndarray:
         """Per row, group and position: P(accepted | earlier ones accepted) [B, G, k_max].
@@ -135,9 +137,18 @@ class ModelK:
         if self.free:
             return self.k_max
         active = ~ctx.done.cpu().numpy()
+        context = int(ctx.lengths.max())
+        # Nothing learnt since the last round (it drafted nothing) and the same rows and prices:
+        # the same choice, without pricing every K again (a round of a draft that sits out costs ~0.1 ms less).
+        key = (self.observed, context // 16, active.tobytes())
+        if self.last_choice is not None and self.last_choice[0] == key and (self.rounds + 1) % self.probe_every:
+            self.rounds += 1
+            return self.last_choice[1]
         limits = np.full(int(active.sum()), self.k_max)
-        return self._best(active, np.zeros(len(limits), dtype=int), limits,
-                          self.pass_seconds(int(ctx.lengths.max())) + self.draft_seconds)
+        k = self._best(active, np.zeros(len(limits), dtype=int), limits,
+                       self.pass_seconds(context) + self.draft_seconds)
+        self.last_choice = (key, k) if k == 0 else None
+        return k
 
     def shorten(self, proposal: Proposal, ctx: Context) -> Proposal:
         if not self.free:
@@ -148,6 +159,8 @@ class ModelK:
         return truncate(proposal, k)
 
     def observe(self, proposal: Proposal, n_accepted: torch.Tensor, active: torch.Tensor) -> None:
+        if proposal.tokens.shape[1] == 0:
+            return  # nothing proposed, nothing learnt
         rows = active.cpu().numpy()
         proposed, accepted = proposal.n_proposed.cpu().numpy(), n_accepted.cpu().numpy()
         group = proposal.group.cpu().numpy() if self.free else np.zeros_like(proposed)
@@ -160,6 +173,7 @@ class ModelK:
         np.add.at(self.reached, group, reached)
         np.add.at(self.accepted, group, took)
         self.estimates = None
+        self.observed += 1
 
 
 class HeuristicK:
