@@ -58,7 +58,8 @@ def collect(paths: list[Path]) -> pd.DataFrame:
         for config in sorted(root.rglob(".hydra/config.yaml")):
             rows.append(job_row(config.parent.parent, root))
     table = pd.DataFrame(rows)
-    for column in table.columns[table.dtypes == object]:  # e.g. draft.k: 1, 2, ..., "auto" -> one type for parquet
+    # A column of mixed types (draft.k: 1, 2, ..., "auto") is written as strings: parquet wants one type.
+    for column in table.columns[table.dtypes.map(lambda dtype: dtype == "object")]:
         kinds = {type(v) for v in table[column].dropna()}
         if str in kinds and len(kinds) > 1:
             table[column] = table[column].map(lambda v: v if v is None or v != v else str(v))

@@ -36,6 +36,15 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
     return draft_cfg, k
 
 
+def build_draft(draft_cfg: DictConfig, target) -> tuple[object, str | None, DictConfig]:
+    """The drafter a draft config makes for this target, as a study builds it: (drafter, its K
+    policy's name or None, the config it was built from)."""
+    from hydra.utils import instantiate
+
+    resolved, policy = resolve_draft_k(draft_cfg)
+    return instantiate(resolved)(target), policy, resolved
+
+
 def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) -> KPolicy | None:
     if name is None:
         return None

@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     from hydra import compose, initialize_config_dir
 
     from specexp.cli import CONFIG_DIR, unknown_choice, user_error
-    from specexp.study import prepare, study_profile
+    from specexp.study import prepare
 
     args = list(sys.argv[1:] if argv is None else argv)
     out = None
@@ -310,17 +310,17 @@ def main(argv: list[str] | None = None) -> None:
     for draft in drafts:
         overrides = [a for a in args if not a.startswith("draft=")] + ([f"draft={draft}"] if draft else [])
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose("config", overrides=overrides + ["profile.enabled=false"])
+            cfg = compose("config", overrides=overrides)
         try:
-            study = prepare(cfg)
-            cfg.profile.enabled = True
-            profile = study_profile(cfg, study, force=cfg.force)
+            profile = prepare(cfg, force_profile=cfg.force).profile
+            if profile is None:
+                raise UserInputError("profile.enabled=false: nothing to measure")
         except Exception as exc:
             if (error := user_error(exc)) is None:
                 raise
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
-        cfg.force = False  # the target's part is measured once; later drafts add their entries
+        args = [a for a in args if not a.startswith("force=")]  # measured once; later drafts add their entries
         if out is not None:
             profile.save(out)
         print(describe(profile))

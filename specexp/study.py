@@ -26,7 +26,7 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt, encode_prompts
 from specexp.drafts.oracle import greedy_continuations
 from specexp.errors import UserInputError
-from specexp.k_choice import make_policy, resolve_draft_k
+from specexp.k_choice import build_draft, make_policy
 from specexp.models import LoadedModel
 from specexp.profile import PROFILED_K, Profile, draft_key, ensure_profile, load_profile
 from specexp.runtime import round_rows
@@ -52,8 +52,9 @@ class Study:
     k_setting: str = "fixed"  # fixed, auto or heuristic
 
 
-def prepare(cfg: DictConfig) -> Study:
-    """Build and check everything a run needs; raises UserInputError on bad input."""
+def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
+    """Build and check everything a run needs; raises UserInputError on bad input.
+    ``force_profile``: measure this machine's hardware profile again even if one is cached."""
     if cfg.max_new_tokens < 1:
         raise UserInputError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1")
     if cfg.batch_size < 1:
@@ -65,8 +66,7 @@ def prepare(cfg: DictConfig) -> Study:
     target = instantiate(cfg.target)
     if target.tokenizer is None:
         raise UserInputError(f"target '{target.name}' has no tokenizer; a study needs one to encode its prompts")
-    draft_cfg, policy = resolve_draft_k(cfg.draft)
-    drafter = instantiate(draft_cfg)(target)
+    drafter, policy, draft_cfg = build_draft(cfg.draft, target)
     # Planned for every pass a profile times (K up to PROFILED_K), so a profile holds for any K a study runs.
     runtime = instantiate(cfg.runtime).prepare(target, drafter, round_rows(cfg.batch_size, max(drafter.k, PROFILED_K)))
     encoded = encode_prompts(target.tokenizer, prompts, chat_template=cfg.chat_template)
@@ -87,7 +87,7 @@ def prepare(cfg: DictConfig) -> Study:
     if hasattr(drafter, "set_reference"):  # the oracle: the target's greedy continuations, decoded untimed
         new_tokens = max(cfg.max_new_tokens, cfg.profile.new_tokens)
         drafter.set_reference(encoded, greedy_continuations(runtime.forward, target, encoded, new_tokens, cfg.batch_size))
-    study.profile = study_profile(cfg, study)
+    study.profile = study_profile(cfg, study, force_profile)
     study.k_policy = make_policy(policy, study.profile, study.draft_name, drafter)
     study.k_setting = policy or "fixed"
     return study

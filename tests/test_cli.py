@@ -99,14 +99,16 @@ def test_default_study_end_to_end(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
-                "predicted_speedup", "time_split", "per_category", "greedy_match"):
+                "predicted_speedup", "predicted_speedup_iid", "realized_over_predicted", "mean_k", "time_split",
+                "per_category", "greedy_match"):
         assert key in summary, key
-    assert summary["greedy_match"] == 1.0
-    assert len(summary["acceptance_curve"]) == 4 and summary["n_prompts"] == 2
+    assert summary["greedy_match"] == 1.0 and summary["k_policy"] == "auto"  # K chosen per round, up to k_max = 8
+    assert len(summary["acceptance_curve"]) == 8 and summary["n_prompts"] == 2
     assert set(summary["time_split"]) == {"draft", "target", "verify", "prefill"}
     assert len(summary["per_category"]) == 2
     rounds = pd.read_parquet(run_dir / "rounds.parquet")
-    expected = {"prompt_id", "category", "round", "k", "accepted", "emitted", "draft_s", "target_s", "verify_s"}
+    expected = {"prompt_id", "category", "round", "k", "k_chosen", "context", "group", "accepted", "emitted", "draft_s",
+                "target_s", "verify_s"}
     assert expected <= set(rounds.columns)
     answers = [json.loads(line) for line in (run_dir / "answers.jsonl").read_text().splitlines()]
     assert len(answers) == 2 and all(a["spec_tokens"] == a["ar_tokens"] and a["spec_text"] for a in answers)

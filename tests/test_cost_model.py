@@ -1,6 +1,9 @@
 """The calibrated cost model on hand-checked cases: acceptance by proposal length, expected tokens,
 the prediction for a hand-made run under a hand-written profile, and draft.k=auto's choices."""
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -139,3 +142,36 @@ def test_the_model_curve_passes_within_10_percent_of_a_recorded_sweep():
         assert abs(job.speedup / curve[(job.draft, int(job.k))] - 1) <= 0.10, (job.draft, job.k)
     # and every job of it, K chosen per round too, within [0.9, 1.1] of the model's prediction for it
     assert jobs["realized_over_predicted"].between(0.9, 1.1).all()
+
+
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=RECORDED_SWEEP.parent.parent, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.default_target
+def test_profile_command_measures_prints_and_writes_a_profile_a_study_can_price_with(tmp_path):
+    out = run_module("specexp.profile", "size=smoke", "draft=prompt_lookup,distilled", "--out", str(tmp_path / "p.json"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "T(n)/T(1) n=1..9" in out.stdout and "draft PromptLookupDrafter" in out.stdout
+    profile = Profile.load(tmp_path / "p.json")
+    assert len(profile.target_s) == 2 and len(profile.target_s[0]) == 9  # size=smoke: 2 context lengths
+    assert sum(name.startswith(("PromptLookupDrafter", "distilled_drafter")) for name in profile.drafts) >= 2
+    assert all(np.all(np.diff(row) >= 0) for row in profile.target_s)  # a longer pass never costs less
+    priced = run_module("specexp", "size=smoke", "draft=distilled", f"profile.path={tmp_path / 'p.json'}",
+                        f"hydra.run.dir={tmp_path / 'run'}")
+    assert priced.returncode == 0, priced.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["profile"] == str(tmp_path / "p.json") and summary["predicted_speedup"] > 0
+
+
+@pytest.mark.default_target
+@pytest.mark.parametrize(("override", "message"), [
+    ("draft.k=sometimes", "draft.k=sometimes is not allowed; give an integer >= 1, or one of: auto, heuristic"),
+    ("draft.k_max=0", "draft.k_max=0 is not allowed"),
+    ("profile.path=/nonexistent.json", "profile.path='/nonexistent.json' is not a file"),
+])
+def test_bad_k_and_profile_settings_fail_in_one_line(tmp_path, override, message):
+    out = run_module("specexp", "size=smoke", override, f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()

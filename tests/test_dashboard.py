@@ -62,7 +62,7 @@ def test_every_key_the_dashboard_reads_is_written_by_the_logger(logged_run):
 def test_the_logged_history_draws_speedup_against_k_and_the_acceptance_curve(logged_run):
     summary = logged_run["summary"]
     (headline,) = [row for row in logged_run["history"] if "k" in row]
-    assert headline["k"] == 4 and headline["speedup"] == pytest.approx(summary["speedup"])
+    assert headline["k"] == 8 and headline["speedup"] == pytest.approx(summary["speedup"])  # auto: k_max
     curve = [(row["position"], row["acceptance"]) for row in logged_run["history"] if "position" in row]
     expected = [tuple(row) for row in logged_run["tables"]["acceptance_curve"]["data"]]
     assert [p for p, _ in curve] == [p for p, _ in expected] and [a for _, a in curve] == pytest.approx([a for _, a in expected])

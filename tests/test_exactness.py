@@ -139,9 +139,9 @@ TOP2 = SamplingConfig(temperature=1.0, top_k=2)
 @pytest.fixture(scope="module")
 def default_pair():
     from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
 
     from specexp.cli import CONFIG_DIR
+    from specexp.k_choice import build_draft
     from specexp.models import load_embedded_target
 
     target = load_embedded_target("float32", "cpu")
@@ -149,7 +149,7 @@ def default_pair():
         cfg = compose("config", overrides=["draft=distilled", "draft.k=2", "dtype=float32"])
     prompts = [target.tokenizer(text)["input_ids"] for text in ("The capital of France is", "Once upon a time",
                                                                  "def fibonacci(n):\n    ")]
-    return target, instantiate(cfg.draft), prompts
+    return target, lambda t: build_draft(cfg.draft, t)[0], prompts
 
 
 @torch.no_grad()

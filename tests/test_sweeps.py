@@ -131,8 +131,8 @@ def test_wandb_offline_run_is_written_and_read_back(tmp_path):
     assert run["summary"]["speedup"] == pytest.approx(summary["speedup"])
     assert run["summary"]["alpha"] == pytest.approx(summary["alpha"])
     assert run["group"] == "default" and run["job_type"] == "prompt_lookup"
-    assert "draft=prompt_lookup" in run["tags"] and "k=4" in run["tags"]
-    assert run["config"]["draft"]["k"] == 4 and run["config"]["max_new_tokens"] == 6
+    assert "draft=prompt_lookup" in run["tags"] and "k=auto" in run["tags"]
+    assert run["config"]["draft"]["k"] == "auto" and run["config"]["max_new_tokens"] == 6
     curve = run["tables"]["acceptance_curve"]
     assert curve["columns"] == ["position", "acceptance"]
     expected = [[i + 1, a] for i, a in enumerate(summary["acceptance_curve"]) if a is not None]
