@@ -66,12 +66,12 @@ def test_ngram_drafts_run_with_no_options_on_the_default_target(tmp_path):
     """The Done-when of issue 17: no path, no corpus given; built from the shipped corpora and
     the target's own answers, then greedy output identical to AR, with drafting happening."""
     sweep = tmp_path / "sweep"
-    out = subprocess.run([sys.executable, "-m", "specexp", "-m", "draft=ngram_lm,retrieval", "draft.k=4", "data.limit=2",
-                          "max_new_tokens=24", f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True,
-                         timeout=1200)  # a fixed K: drafting happens whatever this machine's costs say
+    out = subprocess.run([sys.executable, "-m", "specexp", "-m", "draft=ngram_lm,retrieval", "draft.k=4", "size=smoke",
+                          "data.limit=2", "max_new_tokens=24", f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True,
+                         text=True, timeout=1200)  # a fixed K: drafting happens whatever this machine's costs say
     assert out.returncode == 0, out.stderr[-3000:]
     for draft in ("ngram_lm", "retrieval"):
-        run = sweep / f"data.limit=2,draft.k=4,draft={draft},max_new_tokens=24"
+        run = sweep / f"data.limit=2,draft.k=4,draft={draft},max_new_tokens=24,size=smoke"
         summary = json.loads((run / "summary.json").read_text())
         assert summary["greedy_match"] == 1.0, draft
         rounds = pd.read_parquet(run / "rounds.parquet")

@@ -161,7 +161,7 @@ def test_the_lean_runtime_falls_back_to_transformers_for_other_architectures(tmp
 @pytest.mark.default_target
 def test_a_study_records_its_runtime_and_plan(tmp_path):
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "specexp", "data.limit=1", "max_new_tokens=8", "draft.k=2",
+    out = subprocess.run([sys.executable, "-m", "specexp", "size=smoke", "data.limit=1", "max_new_tokens=8", "draft.k=2",
                           f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
