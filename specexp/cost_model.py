@@ -57,11 +57,6 @@ def expected_emitted(table: np.ndarray, proposed: np.ndarray, limit: int | None 
     return 1.0 + cumulative[proposed, kept]
 
 
-def best_k(tokens_per_round: np.ndarray, seconds_per_round: np.ndarray) -> int:
-    """The K (index into the arrays, K = 0..K_max) with the most tokens per second."""
-    return int(np.argmax(np.asarray(tokens_per_round) / np.asarray(seconds_per_round)))
-
-
 def speedup(ar_seconds: float, spec_seconds: float, ar_tokens: float, spec_tokens: float) -> float:
     """Tokens per second of the speculative run over the AR run's."""
     return float((spec_tokens / spec_seconds) / (ar_tokens / ar_seconds))
