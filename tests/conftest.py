@@ -142,8 +142,9 @@ def ngram_files(target, tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def smoke_k_sweep(tmp_path_factory):
-    """`experiment=k_sweep size=smoke` on the default target, run once per session:
-    (sweep folder, the CLI's CompletedProcess)."""
+    """`experiment=k_sweep size=smoke` on the default target at K = 1, 2, auto and heuristic (the
+    experiment's other K only add jobs of the same kind), run once per session: (sweep folder, the
+    CLI's CompletedProcess)."""
     import os
     import subprocess
     import sys
@@ -151,6 +152,7 @@ def smoke_k_sweep(tmp_path_factory):
 
     sweep = tmp_path_factory.mktemp("sweeps") / "k_sweep"
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    out = subprocess.run([sys.executable, "-m", "specexp", "experiment=k_sweep", "size=smoke", f"hydra.sweep.dir={sweep}"],
+    out = subprocess.run([sys.executable, "-m", "specexp", "experiment=k_sweep", "size=smoke",
+                          "draft.k=1,2,auto,heuristic", f"hydra.sweep.dir={sweep}"],
                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=1200, env=env)
     return sweep, out
