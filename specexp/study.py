@@ -268,8 +268,8 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
                              ar_tok_s=f"{batch_records[-1]['tokens'] / ar.total_s:.1f}")
 
     rounds_df = pd.concat(rounds, ignore_index=True)
-    summary = summarize(rounds_df, pd.DataFrame(batch_records), drafter.k, study.batch_by_category, study.profile,
-                        study.draft_name)
+    batches_df = pd.DataFrame(batch_records)
+    summary = summarize(rounds_df, batches_df, drafter.k, study.batch_by_category, study.profile, study.draft_name)
     summary["k_policy"] = study.k_setting
     summary["draft_profile"] = study.draft_name  # the draft's entry in the profile (profile.json)
     # greedy_match: fraction of prompts whose speculative tokens equal the AR baseline's.
@@ -279,8 +279,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     summary["target"] = target.name
     summary["draft"] = type(drafter).__name__
     summary["runtime"] = study.runtime
-    results.finish(summary, rounds_df, pd.DataFrame(batch_records),
-                   study.profile.record() if study.profile is not None else None)
+    results.finish(summary, rounds_df, batches_df, study.profile.record() if study.profile is not None else None)
     tracker.log_run(summary, rounds_df, all_answers)
     return summary
 
