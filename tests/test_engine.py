@@ -77,6 +77,40 @@ def test_any_k_each_round_is_token_identical_to_target_alone(target, other_draft
     assert 0 in spec.k_chosen and max(spec.k_chosen) == 4 and int(spec.n_proposed.sum()) > 0
 
 
+class LateK:
+    """No draft for the first ``wait`` rounds, then k_max: a draft first asked mid-batch."""
+
+    def __init__(self, wait: int):
+        self.wait = wait
+
+    def begin(self, batch_size, k_max):
+        self.k_max, self.rounds = k_max, 0
+
+    def choose(self, ctx):
+        self.rounds += 1
+        return 0 if self.rounds <= self.wait else self.k_max
+
+    def shorten(self, proposal, ctx):
+        return proposal
+
+    def observe(self, proposal, n_accepted, active):
+        pass
+
+
+@pytest.mark.parametrize("kind", ["agree", "disagree", "prompt_lookup", "early_exit_shared"])
+def test_a_draft_first_asked_after_a_row_finished_stays_exact(target, other_draft, prompts, ngram_files, kind):
+    """A draft's cache is filled at its first proposal, when rows may hold different numbers of
+    tokens (here one row ended at an EOS during the rounds without a draft)."""
+    eos = [_gen(target, prompts, None).tokens[0][2]]  # row 0 ends at its third token
+    alone = _gen(target, prompts, None, eos=eos)
+    assert min(map(len, alone.tokens)) <= 3 < max(map(len, alone.tokens))
+    g = torch.Generator().manual_seed(0)
+    spec = generate(target.model, prompts, make_drafter(kind, target, other_draft, 4, ngram_files), GREEDY, 24, eos,
+                    g, k_policy=LateK(wait=4))
+    assert spec.tokens == alone.tokens
+    assert spec.k_chosen[:4] == [0] * 4 and int(spec.n_proposed.sum()) > 0
+
+
 def test_heuristic_k_grows_after_full_acceptance_and_shrinks_after_a_miss(target, other_draft, prompts):
     policy = HeuristicK(start=2)
     agree = _gen(target, prompts[:1], None)

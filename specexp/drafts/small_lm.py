@@ -67,7 +67,8 @@ class SmallLMDrafter:
     draft step, still exact.
 
     Cache invariant between rounds: the draft cache holds a prefix of each row's committed
-    tokens; the rest (1 or 2 tokens) is fed at the start of the next propose.
+    tokens (none before its first proposal of a batch); the rest is fed at the start of the next
+    propose.
     """
 
     def __init__(self, target: LoadedModel, model: str | LoadedModel, k: int = 4, dtype: str = "auto",
@@ -86,15 +87,24 @@ class SmallLMDrafter:
         self.vocab_size = target.vocab_size
         self.draft_vocab: DraftVocab | None = model.draft_vocab
         self.kv: RaggedKV | StaticRaggedKV | None = None
+        self.filled = False  # the cache holds the batch's committed tokens (filled at its first proposal)
         self.n_fed = 0  # drafted tokens the last propose put into the cache (update rewinds them)
 
     def reset(self, ctx: Context) -> None:
-        B = ctx.tokens.shape[0]
-        P = int(ctx.lengths.max())  # prompts are left-padded to a common length
-        self.kv = new_ragged_kv(self.forward_model, B, ctx.tokens.device, capacity=ctx.tokens.shape[1])
-        if P > 1:
-            prompt_mask = torch.arange(P - 1, device=ctx.tokens.device)[None, :] >= ctx.start[:, None]
-            self.kv.forward(self.forward_model, self._draft_ids(ctx.tokens[:, : P - 1]), prompt_mask.long())
+        # The cache is filled at the first proposal: a batch whose rounds never ask the draft
+        # (draft.k=auto where no K pays) never pays the draft's prompt pass.
+        self.kv = new_ragged_kv(self.forward_model, ctx.tokens.shape[0], ctx.tokens.device, capacity=ctx.tokens.shape[1])
+        self.filled = False
+
+    def _fill(self, ctx: Context) -> None:
+        """One pass over every row's committed tokens but its tip. Rows are left-padded to a common
+        start; a finished row shorter than the longest is padded on the right (it drafts no more)."""
+        L = int(ctx.lengths.max()) - 1
+        if L > 0:
+            slots = torch.arange(L, device=ctx.tokens.device)[None, :]  # [1, L]
+            mask = (slots >= ctx.start[:, None]) & (slots < ctx.lengths[:, None] - 1)  # [B, L]
+            self.kv.forward(self.forward_model, self._draft_ids(ctx.tokens[:, :L]), mask.long())
+        self.filled = True
 
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         return tokens if self.draft_vocab is None else self.draft_vocab.to_draft(tokens)
@@ -113,6 +123,8 @@ class SmallLMDrafter:
 
     @torch.inference_mode()
     def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+        if not self.filled:
+            self._fill(ctx)
         # Feed every row the same number T of uncached committed tokens: rows with fewer
         # pending ones first give back their newest cached tokens (one host sync).
         pending = (ctx.lengths - ctx.start) - self.kv.n_valid  # [B] committed tokens not yet cached
