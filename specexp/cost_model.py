@@ -72,8 +72,8 @@ def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: 
     `prompt_length`. A speculative round costs the draft's seconds for the K it was asked for,
     T(k_round + 1, context) and the engine's bookkeeping, and yields what the per-position
     acceptance (by proposal length) expects of the tokens its rows proposed. An AR round costs
-    T(1, context) and the bookkeeping. Prompt passes (and the draft's reset) are priced at each
-    batch's prompt length. The tokens to generate are the run's own.
+    T(1, context) and the bookkeeping. Prompt passes are priced at each batch's prompt length, and
+    the draft's once-a-batch cost (its fill) for each batch in which it proposed. The tokens to generate are the run's own.
     """
     spec_rounds, ar_rounds = spec.drop_duplicates(["batch", "round"]), ar.drop_duplicates(["batch", "round"])
     cap = np.inf if limit is None else limit
@@ -88,7 +88,8 @@ def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: 
     expected = float(expected_emitted(table, spec["proposed"].to_numpy(), limit).sum())
     spec_b, ar_b = batches[batches["mode"] == "spec"], batches[batches["mode"] == "ar"]
     prefill_ar = float(sum(profile.prefill(p) for p in ar_b["prompt_length"]))
-    prefill_spec = float(sum(profile.prefill(p) for p in spec_b["prompt_length"])) + profile.reset_s(draft) * len(spec_b)
+    drafting_batches = spec_rounds.loc[spec_rounds["k_chosen"] > 0, "batch"].nunique()  # a draft never asked costs nothing
+    prefill_spec = float(sum(profile.prefill(p) for p in spec_b["prompt_length"])) + profile.reset_s(draft) * drafting_batches
     # Tokens after each row's first (which the prompt pass yields), at the rate the model expects.
     spec_round_tokens = float(spec["emitted"].sum())
     spec_s = prefill_spec + spec_round_tokens * (draft_s + target_s + overhead_s) / expected

@@ -66,4 +66,5 @@ def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) 
     def pass_seconds(context: int) -> np.ndarray:  # priced once per block of contexts: a round's choice stays cheap
         return priced(context // CONTEXT_BLOCK)
 
-    return ModelK(pass_seconds, profile.draft_s(draft, np.arange(k_max + 1)), free_groups=getattr(drafter, "groups", 0))
+    return ModelK(pass_seconds, profile.draft_s(draft, np.arange(k_max + 1)), free_groups=getattr(drafter, "groups", 0),
+                  prior_counts=profile.acceptance_counts(draft), fill_seconds=profile.reset_s(draft))

@@ -36,6 +36,7 @@ from specexp.runtime.matmul import hardware_fingerprint
 from specexp.tracking import write_atomic
 
 PROFILE_METHOD = "interleaved-median-v3"  # changes to how profiles are measured invalidate cached ones
+DRAFT_METHOD = "lazy-fill-acceptance-v1"  # changes to how draft entries are measured re-measure those entries
 CONTEXT_LENGTHS = (64, 256, 1024)
 PROFILED_K = 8  # draft rounds and target passes are measured up to this K at least (figures draw K = 1..8)
 
@@ -56,7 +57,8 @@ class Profile:
     target_s: list[list[float]]  # [L][n-1]: T(n, L), seconds of a pass over n new tokens
     overhead_s: float  # per round: verify, commit, rewind
     prefill_s: list[float]  # [L]: the prompt pass over L tokens (with the first token's warp)
-    drafts: dict[str, dict] = field(default_factory=dict)  # draft key -> {k, draft_s, reset_s[, pass_s]}
+    # draft key -> {k, draft_s, reset_s, accepted, reached, method[, pass_s]}
+    drafts: dict[str, dict] = field(default_factory=dict)
     path: str | None = None
 
     @property
@@ -84,7 +86,14 @@ class Profile:
         return np.where(k == 0, 0.0, np.where(k <= len(ks), inside, seconds[-1] + slope * (k - len(ks))))
 
     def reset_s(self, draft: str) -> float:
+        """What a batch pays once for the draft when it proposes in that batch (a model draft's prompt pass)."""
         return float(self.drafts[draft]["reset_s"])
+
+    def acceptance_counts(self, draft: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per draft position, (accepted, reached) in the draft's profiling decodes; None for an
+        entry measured before they were kept."""
+        entry = self.drafts.get(draft, {})
+        return (np.asarray(entry["accepted"]), np.asarray(entry["reached"])) if "reached" in entry else None
 
     def record(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "path"}
@@ -195,27 +204,43 @@ def measure_overhead(forward, target, prompt: list[int], batch_size: int, sampli
     return statistics.median(np.add(out.draft_s, out.verify_s)), out.prefill_s
 
 
+def acceptance_counts(out, k_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """A decode's (accepted, reached) per draft position 1..k_max: reached when proposed and every
+    earlier position was accepted."""
+    position = torch.arange(k_max)  # 0-based
+    active = out.active[..., None]  # [R, B, 1]
+    reached = (position < out.n_proposed[..., None]) & (position <= out.n_accepted[..., None]) & active
+    accepted = (position < out.n_accepted[..., None]) & active
+    return accepted.sum((0, 1)).numpy(), reached.sum((0, 1)).numpy()
+
+
 def measure_draft(forward, target, drafter, prompt: list[int], batch_size: int, sampling, ks: list[int],
                   ar_prefill_s: float, new_tokens: int = 32, progress: tqdm | None = None) -> dict:
     """A draft's median seconds per round asked for each k (the rounds of short decodes of a real
-    prompt, so catching up on accepted tokens is counted as it happens), its reset at the prompt
-    pass, and for a draft that runs the target's pass itself, that pass by size."""
+    prompt, so catching up on accepted tokens is counted as it happens); what a batch pays once for
+    it (its reset at the prompt pass and the excess of its first round, where a model draft fills
+    its cache); its acceptance per position in those decodes (where draft.k=auto starts from); and
+    for a draft that runs the target's pass itself, that pass by size."""
     k_max = drafter.k
-    draft_s, prefill, passes = [], [], {}
+    draft_s, once, passes = [], [], {}
+    accepted, reached = np.zeros(max(ks)), np.zeros(max(ks))
     try:
         _decode(forward, prompt, batch_size, drafter, sampling, 4, target)  # warm-up
         for k in ks:
             drafter.k = k
             out = _decode(forward, prompt, batch_size, drafter, sampling, new_tokens, target)
             draft_s.append(statistics.median(out.draft_s))
-            prefill.append(out.prefill_s)
+            once.append(out.prefill_s - ar_prefill_s + (out.draft_s[0] - draft_s[-1] if out.draft_s else 0.0))
+            took, looked = acceptance_counts(out, max(ks))
+            accepted, reached = accepted + took, reached + looked
             for n, seconds in zip(out.n_proposed.max(1).values.tolist(), out.target_s, strict=True):
                 passes.setdefault(n + 1, []).append(seconds)
             if progress is not None:
                 progress.update(1)
     finally:
         drafter.k = k_max
-    entry = {"k": list(ks), "draft_s": draft_s, "reset_s": max(statistics.median(prefill) - ar_prefill_s, 0.0)}
+    entry = {"k": list(ks), "draft_s": draft_s, "reset_s": max(statistics.median(once), 0.0),
+             "accepted": accepted.tolist(), "reached": reached.tolist(), "method": DRAFT_METHOD}
     if isinstance(drafter, SharesTargetPass):
         entry["pass_s"] = fill_by_size({n: statistics.median(s) for n, s in passes.items()}, max(ks) + 1)
     return entry
@@ -254,7 +279,8 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
     context = target.context_length or max(context_lengths) + max_tokens
     lengths = [length for length in context_lengths if length + max_tokens <= context] or [max(context - max_tokens, 1)]
     ks = list(range(1, max_tokens))
-    need_draft = drafter is not None and (profile is None or len(profile.drafts.get(draft_name, {}).get("k", [])) < len(ks))
+    entry = {} if profile is None else profile.drafts.get(draft_name, {})
+    need_draft = drafter is not None and (len(entry.get("k", [])) < len(ks) or entry.get("method") != DRAFT_METHOD)
     steps = (0 if profile is not None else len(lengths) * (repeats + 1) + 1) + (len(ks) if need_draft else 0)
     if steps == 0:
         return profile

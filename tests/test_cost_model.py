@@ -96,7 +96,7 @@ def test_model_k_drafts_long_when_passes_are_free_and_not_at_all_when_each_token
         return 0.02 * (1 + pass_cost * np.arange(k_max + 1)) + 0.001
 
     policy = ModelK(pass_seconds, np.r_[0.0, np.full(k_max, 1e-4)], probe_every=10**9)
-    policy.begin(1, k_max)
+    policy.begin(1, k_max, 64)
     proposal = Proposal(tokens=torch.zeros(1, k_max, dtype=torch.long), probs=torch.zeros(1, k_max, 4),
                         n_proposed=torch.tensor([k_max]))
     for accepted in [8] * 9 + [0]:  # position 1 accepted 9 times of 10, the rest whenever reached
@@ -110,7 +110,7 @@ def test_model_k_keeps_what_pays_of_a_free_drafts_proposal_by_group():
     k_max = 4
     policy = ModelK(lambda length: 0.02 * (1 + 0.5 * np.arange(k_max + 1)), np.zeros(k_max + 1), free_groups=4,
                     probe_every=10**9)
-    policy.begin(1, k_max)
+    policy.begin(1, k_max, 64)
     full = Proposal(tokens=torch.zeros(1, k_max, dtype=torch.long), probs=torch.zeros(1, k_max, 4),
                     n_proposed=torch.tensor([k_max]))
     for group, accepted in [(3, 4), (1, 0)] * 10:
@@ -121,6 +121,65 @@ def test_model_k_keeps_what_pays_of_a_free_drafts_proposal_by_group():
     assert policy.shorten(full, context(1)).tokens.shape[1] == k_max
     full.group = torch.tensor([1])
     assert policy.shorten(full, context(1)).tokens.shape[1] == 0
+
+
+def batch16_prices(length):  # K = 0..4 -> T(K + 1) + bookkeeping: each verified token costs 40% of a step
+    return 0.06 * (1 + 0.4 * np.arange(5)) + 0.001
+
+
+@pytest.mark.parametrize(("profile_alpha", "expected_k"), [(0.2, 0), (0.95, 4)])
+def test_model_k_starts_from_the_drafts_profiled_acceptance(profile_alpha, expected_k):
+    """Before any round of its own, the policy prices with the acceptance the draft showed in its
+    profiling decodes (worth 16 observations): a draft accepted 20% of the time and costing 1/12 of a
+    step a round is not asked even as a probe where a pass costs 40% more per token; one accepted
+    95% drafts at once."""
+    reached = np.array([400.0, 120, 36, 11])
+    policy = ModelK(batch16_prices, np.r_[0.0, np.full(4, 5e-3)], prior_counts=(profile_alpha * reached, reached))
+    policy.begin(16, 4, 64)
+    chosen = [policy.choose(context(16)) for _ in range(24)]  # three probe turns, nothing observed
+    assert set(chosen) == {expected_k}
+
+
+def test_model_k_prices_a_drafts_fill_until_its_first_proposal():
+    """A draft whose first proposal of a batch costs a 1 s fill (a model draft's prompt pass) is not
+    worth asking with 8 tokens left; with 4096 left, or once it has proposed, it is."""
+    reached = np.array([100.0, 50, 25, 12])
+    policy = ModelK(batch16_prices, np.r_[0.0, np.full(4, 1e-3)], prior_counts=(0.9 * reached, reached),
+                    fill_seconds=1.0, probe_every=10**9)
+    policy.begin(1, 4, max_new_tokens=9)
+    assert policy.choose(context(1)) == 0
+    policy.begin(1, 4, max_new_tokens=4096)
+    k = policy.choose(context(1))
+    assert k > 0
+    policy.begin(1, 4, max_new_tokens=9)
+    policy.drafted = True  # as after its first proposal
+    assert policy.choose(context(1)) == k
+
+
+def test_model_k_does_not_ask_a_free_draft_that_cannot_pay():
+    """Prompt lookup whose proposals are never accepted, at batch 16 where each verified token costs
+    40% of a step: once that is clear the lookup is not run at all (K = 0), not run and then cut."""
+    policy = ModelK(batch16_prices, np.r_[0.0, np.full(4, 2e-3)], free_groups=3, probe_every=10**9)
+    policy.begin(16, 4, 64)
+    assert policy.choose(context(16)) == 4  # the prior (0.3, weak) leaves room for a long match to pay
+    full = Proposal(tokens=torch.zeros(16, 4, dtype=torch.long), probs=torch.zeros(16, 4, 4),
+                    n_proposed=torch.full((16,), 4), group=torch.arange(16) % 3)
+    for _ in range(20):
+        policy.observe(full, torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.bool))
+    assert policy.choose(context(16)) == 0
+
+
+def test_profile_acceptance_counts_follow_the_rule():
+    """Position i is reached when proposed and every earlier one was accepted; rows out of the
+    round (finished) count nothing."""
+    from types import SimpleNamespace
+
+    from specexp.profile import acceptance_counts
+
+    out = SimpleNamespace(n_proposed=torch.tensor([[3, 2], [3, 0]]), n_accepted=torch.tensor([[1, 2], [3, 0]]),
+                          active=torch.tensor([[True, True], [True, False]]))
+    accepted, reached = acceptance_counts(out, 4)
+    assert reached.tolist() == [3, 3, 1, 0] and accepted.tolist() == [3, 2, 1, 0]
 
 
 RECORDED_SWEEP = Path(__file__).resolve().parent.parent / "benchmarks" / "cost_model_k_sweep"

@@ -52,7 +52,7 @@ class ScriptedK:
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
 
-    def begin(self, batch_size, k_max):
+    def begin(self, batch_size, k_max, max_new_tokens):
         self.k_max, self.first = k_max, [0, k_max, 0]  # every K the test names comes early
 
     def choose(self, ctx):
@@ -83,7 +83,7 @@ class LateK:
     def __init__(self, wait: int):
         self.wait = wait
 
-    def begin(self, batch_size, k_max):
+    def begin(self, batch_size, k_max, max_new_tokens):
         self.k_max, self.rounds = k_max, 0
 
     def choose(self, ctx):

@@ -136,7 +136,7 @@ def generate(
     if drafter is not None:
         drafter.reset(ctx)
     if k_policy is not None:
-        k_policy.begin(B, k_max)
+        k_policy.begin(B, k_max, max_new_tokens)
     sync()
     prefill_s = clock() - start_time
 

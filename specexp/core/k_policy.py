@@ -16,7 +16,7 @@ from specexp.core.interface import Context, Proposal
 
 
 class KPolicy(Protocol):
-    def begin(self, batch_size: int, k_max: int) -> None:
+    def begin(self, batch_size: int, k_max: int, max_new_tokens: int) -> None:
         """A new batch of prompts: per-row state starts over; what was learnt across prompts stays."""
 
     def choose(self, ctx: Context) -> int:
@@ -47,86 +47,131 @@ def expected_tokens(run_probability: np.ndarray, limits: np.ndarray, k_max: int)
     return len(limits) + (run_probability[:, None, :] * counted).sum(axis=(0, 2))
 
 
+def prior_curve(k_max: int, counts: tuple[np.ndarray, np.ndarray] | None, prior: float, weight: float,
+                cap: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per position, the acceptance a run starts from and how many observations it is worth [k_max]
+    each: ``prior`` worth ``weight`` without counts; with the draft's (accepted, reached) counts
+    from the hardware profile (its own short decodes), their rate worth at most ``cap``
+    observations (a profile saw one prompt: the run's own rounds soon outweigh it)."""
+    if counts is None:
+        return np.full(k_max, prior), np.full(k_max, weight)
+    accepted, reached = (np.pad(np.asarray(c, dtype=float)[:k_max], (0, max(k_max - len(c), 0))) for c in counts)
+    return (accepted + weight * prior) / (reached + weight), np.clip(reached, weight, cap)
+
+
 class ModelK:
     """`draft.k=auto`: each round's K maximises expected tokens per second under the cost model.
 
     Acceptance is estimated online per draft position (and, for a free draft, per the group its
-    proposal names: prompt lookup's n-gram match length). Counts over the whole run so far
-    (started from a weak prior) give the curve; each prompt's own acceptance so far scales it.
+    proposal names: prompt lookup's n-gram match length). Counts over the whole run so far,
+    started from the draft's acceptance in the hardware profile (``prior_counts``; else a weak
+    flat ``prior``), give the curve; each prompt's own acceptance so far scales it.
     Seconds come from the hardware profile:
     ``pass_seconds(context)`` [k_max+1] is a round's target pass and bookkeeping with K = 0..k_max
-    draft tokens, ``draft_seconds`` [k_max+1] the draft's cost of proposing K (0 at K = 0).
+    draft tokens, ``draft_seconds`` [k_max+1] the draft's cost of proposing K (0 at K = 0), and
+    ``fill_seconds`` what a batch pays once when the draft first proposes (a model draft's prompt
+    pass), spread over the tokens the batch has left to generate.
     Every ``probe_every``-th round proposes one token more than chosen while that could plausibly
     pay (acceptance two standard errors above the estimates): a position reached only on easy
-    prompts would otherwise look better than it is, and a draft that plainly loses is left alone.
+    prompts would otherwise look better than it is, and a draft that plainly loses is left alone
+    (a free draft is then not even asked: its lookup costs time too).
     A row's own estimates move K away from the run's best only for a ``margin`` of predicted gain.
     """
 
     def __init__(self, pass_seconds: Callable[[int], np.ndarray], draft_seconds: np.ndarray, free_groups: int = 0,
-                 prior: float = 0.3, prior_weight: float = 2.0, prompt_weight: float = 8.0, probe_every: int = 8,
+                 prior: float = 0.3, prior_weight: float = 2.0, prior_counts: tuple[np.ndarray, np.ndarray] | None = None,
+                 prior_cap: float = 16.0, fill_seconds: float = 0.0, prompt_weight: float = 8.0, probe_every: int = 8,
                  margin: float = 0.05):
         self.pass_seconds, self.draft_seconds, self.margin = pass_seconds, np.asarray(draft_seconds), margin
         self.free = free_groups > 0  # a free draft's tokens cost the same however many are kept: it proposes k_max
         self.groups = max(free_groups, 1)
-        self.prior, self.prior_weight, self.prompt_weight = prior, prior_weight, prompt_weight
-        self.probe_every = probe_every
         self.k_max = len(self.draft_seconds) - 1
+        self.prior, self.prior_n = prior_curve(self.k_max, prior_counts, prior, prior_weight, prior_cap)  # [k_max] each
+        self.prior_weight, self.prompt_weight, self.fill_seconds = prior_weight, prompt_weight, fill_seconds
+        self.probe_every = probe_every
         self.accepted = np.zeros((self.groups, self.k_max))  # over the run: position i accepted
         self.reached = np.zeros((self.groups, self.k_max))  # over the run: position i looked at by the rule
         self.rounds = 0
         self.observed = 0  # rounds learnt from
 
-    def begin(self, batch_size: int, k_max: int) -> None:
+    def begin(self, batch_size: int, k_max: int, max_new_tokens: int) -> None:
         if k_max != self.k_max:
             raise ValueError(f"the policy was built for k_max={self.k_max}, the draft proposes up to {k_max}")
         self.row_accepted = np.zeros((batch_size, self.groups, self.k_max))
         self.row_reached = np.zeros((batch_size, self.groups, self.k_max))
         self.estimates = None
         self.last_choice = None  # (state it was made in, K): a round without a draft is decided once
+        self.max_new_tokens, self.first_lengths = max_new_tokens, None
+        self.drafted = False  # the draft proposed in this batch (its fill is paid)
 
     def acceptance(self) -> np.ndarray:
         """Per row, group and position: P(accepted | earlier ones accepted) [B, G, k_max].
 
-        The run's estimate per group and position (a position or group seen little leans on the
-        run's acceptance over all of them, itself leaning on the prior), scaled per prompt by how
-        its own acceptance so far compares with the run's: prompts differ in how easy they are
-        more than in the shape of their curve, and one number per prompt is learnt in a few rounds.
+        The run's estimate per position over all groups (leaning on the prior where seen little),
+        per group (a group seen little leans on that), scaled per prompt by how its own acceptance
+        so far compares with the run's: prompts differ in how easy they are more than in the shape
+        of their curve, and one number per prompt is learnt in a few rounds.
         """
         if self.estimates is None:  # once per round: observe() invalidates
-            overall = (self.accepted.sum() + self.prior_weight * self.prior) / (self.reached.sum() + self.prior_weight)
-            run = (self.accepted + self.prior_weight * overall) / (self.reached + self.prior_weight)  # [G, k_max]
+            prior_accepted = self.prior_n * self.prior  # [k_max]
+            pooled = (self.accepted.sum(0) + prior_accepted) / (self.reached.sum(0) + self.prior_n)  # [k_max]
+            overall = (self.accepted.sum() + prior_accepted.sum()) / (self.reached.sum() + self.prior_n.sum())
+            run = (self.accepted + self.prior_weight * pooled) / (self.reached + self.prior_weight)  # [G, k_max]
             prompt = (self.row_accepted.sum((1, 2)) + self.prompt_weight * overall) / \
                 (self.row_reached.sum((1, 2)) + self.prompt_weight)  # [B]
-            pooled = (self.accepted.sum(0) + self.prior_weight * overall) / (self.reached.sum(0) + self.prior_weight)
             self.estimates = np.clip(run[None] * (prompt / overall)[:, None, None], 0.0, 0.99), pooled
         return self.estimates[0]
 
-    def _best(self, active: np.ndarray, group: np.ndarray, limits: np.ndarray, seconds: np.ndarray) -> int:
+    def optimistic(self, estimated: np.ndarray, group: np.ndarray) -> np.ndarray:
+        """Acceptance two standard errors above the estimates [B', k_max] (the run's counts behind
+        each row's group, the prior's worth included)."""
+        n = self.reached[group] + self.prior_n  # [B', k_max]
+        return np.minimum(estimated + 2 * np.sqrt(estimated * (1 - estimated) / (n + 1)), 0.99)
+
+    def _rate(self, run_probability: np.ndarray, limits: np.ndarray, seconds: np.ndarray, remaining: float) -> np.ndarray:
+        """Tokens per second at K = 0..k_max [k_max+1]; before the draft's first proposal of the batch
+        a K > 0 also pays its fill, per token the batch has left (``remaining``)."""
+        tokens = expected_tokens(run_probability, limits, self.k_max)  # [k_max+1]
+        if not self.drafted and self.fill_seconds:
+            seconds = seconds + np.r_[0.0, np.full(self.k_max, self.fill_seconds / max(remaining, 1.0))] * tokens
+        return tokens / seconds
+
+    def _best(self, active: np.ndarray, group: np.ndarray, limits: np.ndarray, seconds: np.ndarray,
+              remaining: float) -> int:
         """The K with the most tokens per second for these rows; a K other than the run's own best
         (pooled over prompts and groups) only when it promises ``margin`` more: estimates this
         close are within their noise, and each switch to a longer pass is paid for surely."""
         estimated = self.acceptance()[np.nonzero(active)[0], group]  # [B', k_max]
-        rate = expected_tokens(np.cumprod(estimated, axis=-1), limits, self.k_max) / seconds
+        rate = self._rate(np.cumprod(estimated, axis=-1), limits, seconds, remaining)
         pooled = np.broadcast_to(self.pooled(), estimated.shape)
-        run_k = int(np.argmax(expected_tokens(np.cumprod(pooled, axis=-1), limits, self.k_max) / seconds))
+        run_k = int(np.argmax(self._rate(np.cumprod(pooled, axis=-1), limits, seconds, remaining)))
         k = int(np.argmax(rate))
         if rate[k] < (1 + self.margin) * rate[run_k]:
             k = run_k
         self.rounds += 1
-        if k < int(limits.max(initial=0)) and self.rounds % self.probe_every == 0 and self._worth_probing(
-                estimated, group, limits, seconds, rate[k], k):
-            k += 1
+        if k < int(limits.max(initial=0)) and self.rounds % self.probe_every == 0:
+            # One token more than chosen, where it could plausibly pay: a close call keeps being measured.
+            optimistic = self._rate(np.cumprod(self.optimistic(estimated, group), axis=-1), limits, seconds, remaining)
+            k += int(optimistic[k + 1] > rate[k])
         return k
 
-    def _worth_probing(self, estimated: np.ndarray, group: np.ndarray, limits: np.ndarray, seconds: np.ndarray,
-                       chosen_rate: float, k: int) -> bool:
-        """Whether one token more than chosen could plausibly pay: at acceptance two standard
-        errors above the run's estimates (their counts so far). A draft that plainly loses stops
-        being probed; a close call keeps being measured."""
-        n = self.reached[group]  # [B', k_max]: the run's counts behind each row's estimates
-        optimistic = np.minimum(estimated + 2 * np.sqrt(estimated * (1 - estimated) / (n + 1)), 0.99)
-        rate = expected_tokens(np.cumprod(optimistic, axis=-1), limits, self.k_max) / seconds
-        return bool(rate[k + 1] > chosen_rate)
+    def _remaining(self, ctx: Context, active: np.ndarray) -> float:
+        """Tokens the batch's active rows have left to generate (EOS aside)."""
+        lengths = ctx.lengths.cpu().numpy()
+        if self.first_lengths is None:
+            self.first_lengths = lengths - 1  # the prompt pass gave each row its first token
+        return float((self.max_new_tokens - (lengths - self.first_lengths))[active].sum())
+
+    def _could_pay(self, active: np.ndarray, seconds: np.ndarray, remaining: float) -> bool:
+        """Whether a free draft's proposal could plausibly pay this round: its most hopeful group's
+        acceptance two standard errors up, every row finding k_max tokens, against a round that
+        does not look them up at all."""
+        rows = np.nonzero(active)[0]
+        estimated = self.acceptance()[rows]  # [B', G, k_max]
+        hopeful = np.stack([self.optimistic(estimated[:, g], np.full(len(rows), g)) for g in range(self.groups)], 1)
+        run_probability = np.cumprod(hopeful, axis=-1).max(1)  # [B', k_max]
+        rate = self._rate(run_probability, np.full(len(rows), self.k_max), seconds, remaining)
+        return bool(rate[1:].max() > (len(rows) / (seconds[0] - self.draft_seconds[-1])))
 
     def pooled(self) -> np.ndarray:
         """The run's acceptance per position over every group and prompt [k_max]."""
@@ -134,19 +179,22 @@ class ModelK:
         return self.estimates[1]
 
     def choose(self, ctx: Context) -> int:
-        if self.free:
-            return self.k_max
         active = ~ctx.done.cpu().numpy()
         context = int(ctx.lengths.max())
+        remaining = self._remaining(ctx, active)
         # Nothing learnt since the last round (it drafted nothing) and the same rows and prices:
         # the same choice, without pricing every K again (a round of a draft that sits out costs ~0.1 ms less).
         key = (self.observed, context // 16, active.tobytes())
         if self.last_choice is not None and self.last_choice[0] == key and (self.rounds + 1) % self.probe_every:
             self.rounds += 1
             return self.last_choice[1]
-        limits = np.full(int(active.sum()), self.k_max)
-        k = self._best(active, np.zeros(len(limits), dtype=int), limits,
-                       self.pass_seconds(context) + self.draft_seconds)
+        if self.free:  # it proposes all it finds (shorten keeps what pays), or is not asked
+            k = self.k_max if self._could_pay(active, self.pass_seconds(context) + self.draft_seconds[-1], remaining) else 0
+            self.rounds += int(k == 0)  # a round it sat out counts towards the next probe
+        else:
+            limits = np.full(int(active.sum()), self.k_max)
+            k = self._best(active, np.zeros(len(limits), dtype=int), limits,
+                           self.pass_seconds(context) + self.draft_seconds, remaining)
         self.last_choice = (key, k) if k == 0 else None
         return k
 
@@ -155,7 +203,8 @@ class ModelK:
             return proposal
         active = ~ctx.done.cpu().numpy()
         seconds = self.pass_seconds(int(ctx.lengths.max())) + self.draft_seconds[-1]  # the draft's cost is spent
-        k = self._best(active, proposal.group.cpu().numpy()[active], proposal.n_proposed.cpu().numpy()[active], seconds)
+        k = self._best(active, proposal.group.cpu().numpy()[active], proposal.n_proposed.cpu().numpy()[active], seconds,
+                       self._remaining(ctx, active))
         return truncate(proposal, k)
 
     def observe(self, proposal: Proposal, n_accepted: torch.Tensor, active: torch.Tensor) -> None:
@@ -174,6 +223,7 @@ class ModelK:
         np.add.at(self.accepted, group, took)
         self.estimates = None
         self.observed += 1
+        self.drafted = True
 
 
 class HeuristicK:
@@ -183,7 +233,7 @@ class HeuristicK:
     def __init__(self, start: int | None = None):
         self.start, self.k = start, None
 
-    def begin(self, batch_size: int, k_max: int) -> None:
+    def begin(self, batch_size: int, k_max: int, max_new_tokens: int) -> None:
         self.k_max = k_max
         if self.k is None:
             self.k = min(self.start or k_max, k_max)
