@@ -1,4 +1,5 @@
-"""The speculative sampling rule (Leviathan et al. 2023; Chen et al. 2023), batched.
+"""The speculative sampling rule (Leviathan et al. 2023; Chen et al. 2023), batched, for a
+chain of draft tokens and for a tree of them (SpecInfer's multi-candidate rule; Miao et al. 2024).
 
 Notation, fixed for the whole project:
   p  target distribution (after the shared warp), ``target_probs``
@@ -22,6 +23,7 @@ Special cases are the same rule, not new code:
 import torch
 
 from specexp.core.sampling import sample
+from specexp.core.tree import tree_depths
 
 
 def speculative_verify(
@@ -57,3 +59,96 @@ def speculative_verify(
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
     next_token = sample(residual, generator)  # [B]
     return n_accepted, next_token
+
+
+def tree_verify(
+    tree_tokens: torch.Tensor,  # [B, N] long
+    parents: torch.Tensor,  # [B, N] long: -1 for a child of the root (the committed tip), else an index < i
+    draft_probs: torch.Tensor,  # [B, N, V]: node i's q, given its earlier siblings
+    target_probs: torch.Tensor,  # [B, N+1, V]: index 0 is p at the root, index i+1 is p after node i
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verify a tree of draft tokens per row: returns the accepted path [B, D] (node indices in
+    order, -1 padded; D the deepest node's depth), n_accepted [B] and next_token [B].
+
+    At a node whose distribution is r (p there), its children are tried in index order: child c
+    is accepted with probability min(1, r(x_c) / q_c(x_c)), and the walk moves to c (r becomes p
+    after c); on rejection r <- norm(max(r - q_c, 0)) and the next child is tried. When no child
+    is accepted, or the node has none, the next token is drawn from r. Siblings drawn i.i.d. from
+    the parent's q pass that q for each; drawn without replacement, q with the earlier siblings
+    removed and renormalised; deterministic, one-hot. An all-zero q row is a padding node, never
+    accepted, whose rejection leaves r as it was. A chain (parents[i] = i - 1) is
+    `speculative_verify`, to the bit for the same generator.
+    """
+    B, N = tree_tokens.shape
+    device = tree_tokens.device
+    rows = torch.arange(B, device=device)
+    u = torch.rand(B, N, generator=generator, device=device)  # [B, N]: one draw per node, as for a chain
+    depth = tree_depths(parents)
+    D = int(depth.max()) if N else 0
+    # p at each node's parent, at its token; q of each node at its token [B, N]
+    p_x = target_probs[rows[:, None], parents + 1, tree_tokens]
+    q_x = draft_probs.gather(-1, tree_tokens[..., None]).squeeze(-1)
+    # Nodes with a later sibling in some row: their rejection must update r before the sibling is
+    # tried. Any other rejection ends its row's walk, and its residual is taken once at the end.
+    later_sibling = (parents[:, :, None] == parents[:, None, :]).triu(1).any(-1)  # [B, N]
+    update_now = later_sibling.any(0).tolist()
+
+    if not any(update_now):  # no node has a later sibling: every row is a chain, its walk the accepted prefix
+        # u < p/q, written without division; p >= q always passes since u < 1.
+        n_accepted = ((q_x > 0) & (u * q_x < p_x)).long().cumprod(-1).sum(-1)  # [B]
+        order = torch.arange(N, device=device)
+        path = torch.where(order < n_accepted[:, None], order, -1)[:, :D]
+        rejected = torch.where(n_accepted < N, n_accepted, -1)
+        r, mass = target_probs[rows, n_accepted], torch.ones(B, device=device)
+    else:
+        path, n_accepted, rejected, r, mass = _walk(tree_tokens, parents, draft_probs, target_probs, u, p_x, q_x, D,
+                                                      update_now)
+    # The next token: from r, less the q of a last rejected child not yet taken out of it.
+    q_n = draft_probs[rows, rejected.clamp_min(0)] * (rejected >= 0)[:, None] if N else torch.zeros_like(r)
+    left = (r / mass[:, None] - q_n).clamp_min(0)  # r normalised (exactly r for p itself)
+    # No mass left: the rejection had probability 0, only rounding got here; r is right.
+    left = torch.where(left.sum(-1, keepdim=True) > 0, left, r)
+    return path, n_accepted, sample(left, generator)
+
+
+def _walk(tree_tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+          u: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor, D: int, update_now: list[bool]) -> tuple[torch.Tensor, ...]:
+    """tree_verify's walk, node by node in index order (a node's children come after it): returns
+    the path [B, D], n_accepted [B], a last rejected child whose q is still to be taken out of r
+    ([B], -1: none), r [B, V] where each walk ended and r's total [B]."""
+    B, N = parents.shape
+    device = parents.device
+    rows = torch.arange(B, device=device)
+    node = torch.full((B,), -1, dtype=torch.long, device=device)  # where each row's walk stands
+    n_accepted = torch.zeros(B, dtype=torch.long, device=device)
+    path = torch.full((B, D), -1, dtype=torch.long, device=device)
+    residual = None  # [B, V]: r of rows whose node had a child rejected (when a sibling follows)
+    modified = torch.zeros(B, dtype=torch.bool, device=device)  # r is `residual`, not p at the node
+    mass = torch.ones(B, device=device)  # r's total: exactly 1 for p itself
+    rejected = torch.full((B,), -1, dtype=torch.long, device=device)
+    for i in range(N):
+        tried = parents[:, i] == node  # [B]: node i is a child of where the row stands
+        r_x = p_x[:, i] if residual is None else torch.where(
+            modified, residual.gather(1, tree_tokens[:, i : i + 1]).squeeze(1), p_x[:, i])
+        accept = tried & (q_x[:, i] > 0) & (u[:, i] * q_x[:, i] * mass < r_x)
+        reject = tried & ~accept
+        if update_now[i]:  # a later sibling is tried against the residual
+            r = target_probs[rows, node + 1] if residual is None else torch.where(
+                modified[:, None], residual, target_probs[rows, node + 1])  # [B, V]
+            left = (r / mass[:, None] - draft_probs[:, i]).clamp_min(0)
+            left_mass = left.sum(-1)
+            take = reject & (left_mass > 0)  # no mass left: the rejection had probability 0; keep r
+            residual = torch.where(take[:, None], left, r)
+            mass = torch.where(take, left_mass, mass)
+            modified = modified | take
+        else:  # the row's walk ends here; its residual is taken at the end
+            rejected = torch.where(reject, i, rejected)
+        slot = n_accepted.clamp_max(D - 1)[:, None]
+        path.scatter_(1, slot, torch.where(accept[:, None], i, path.gather(1, slot)))
+        node = torch.where(accept, i, node)
+        n_accepted = n_accepted + accept.long()
+        modified, mass = modified & ~accept, torch.where(accept, 1.0, mass)
+    r = target_probs[rows, node + 1] if residual is None else torch.where(
+        modified[:, None], residual, target_probs[rows, node + 1])
+    return path, n_accepted, rejected, r, mass
