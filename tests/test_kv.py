@@ -83,3 +83,70 @@ def test_static_rewind_moves_an_index_and_copies_nothing(target):
 
 def test_transformers_models_get_a_dynamic_cache(target):
     assert isinstance(new_ragged_kv(target.model, 1, torch.device("cpu"), capacity=8), RaggedKV)
+
+
+def random_tree(n: int, batch_size: int, g: torch.Generator) -> torch.Tensor:
+    """Parents [B, n]: node i under the root or any earlier node, drawn per row."""
+    parents = torch.zeros(batch_size, n, dtype=torch.long)
+    for i in range(n):
+        parents[:, i] = torch.randint(-1, i, (batch_size,), generator=g) if i else -1
+    return parents
+
+
+def root_path(parents: list[int], node: int) -> list[int]:
+    """Node indices from the root's child down to ``node``."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_tree_pass_gives_each_nodes_path_logits_and_keeps_the_accepted_path(target, setup):
+    """Rounds of token trees (random shapes per row, after ragged rounds left holes): each node's
+    logits equal a fresh forward of its row's committed tokens, the tip and the node's path; after
+    keep_path the cache continues exactly as if only the accepted path had been appended."""
+    g = torch.Generator().manual_seed(1)
+    V = target.vocab_size
+    model, kv = make(target, setup, 3)
+    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    P = max(map(len, prompts))
+    ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+    committed = [list(p) for p in prompts]
+    with torch.no_grad():
+        kv.forward(model, ids, mask)
+        chain = torch.randint(2, V, (3, 4), generator=g)  # a chain round with ragged accepts first: holes
+        kv.forward(model, chain)
+        drop = torch.tensor([3, 0, 2])
+        kv.drop_last(drop)
+        for b in range(3):
+            committed[b] += chain[b, : 4 - int(drop[b])].tolist()
+        for _round in range(4):
+            N = int(torch.randint(1, 9, (1,), generator=g))
+            parents = random_tree(N, 3, g)
+            tokens = torch.randint(2, V, (3, N + 1), generator=g)  # the tip, then the nodes
+            logits = kv.forward(model, tokens, logits_to_keep=N + 1, parents=parents)  # [3, N+1, V]
+            for b in range(3):
+                for node in range(-1, N):
+                    path = root_path(parents[b].tolist(), node)
+                    fresh = target.model(torch.tensor([committed[b] + [int(tokens[b, 0])]
+                                                       + [int(tokens[b, i + 1]) for i in path]])).logits[0, -1]
+                    torch.testing.assert_close(logits[b, node + 1], fresh, rtol=1e-9, atol=1e-9)
+            # accept, per row, the path down to a random node (or none)
+            chosen = [int(torch.randint(-1, N, (1,), generator=g)) for _ in range(3)]
+            paths = [root_path(parents[b].tolist(), chosen[b]) for b in range(3)]
+            D = max(map(len, paths))
+            path = torch.tensor([p + [-1] * (D - len(p)) for p in paths], dtype=torch.long).reshape(3, D)
+            n_accepted = torch.tensor([len(p) for p in paths])
+            kv.keep_path(path, n_accepted, N)
+            for b in range(3):
+                committed[b] += [int(tokens[b, 0])] + [int(tokens[b, i + 1]) for i in paths[b]]
+            assert kv.n_valid.tolist() == [len(c) for c in committed]
+            probe = torch.randint(2, V, (3, 1), generator=g)
+            cached = kv.forward(model, probe)[:, -1]
+            kv.drop_last(torch.ones(3, dtype=torch.long))
+            for b in range(3):
+                fresh = target.model(torch.tensor([committed[b] + probe[b].tolist()])).logits[0, -1]
+                torch.testing.assert_close(cached[b], fresh, rtol=1e-9, atol=1e-9)

@@ -6,8 +6,13 @@ entries are masked out of attention and rows take position ids from their own co
 valid tokens. Slots that are invalid in every row are given back at the end, so with B == 1
 the cache is always dense. The mask also carries left padding of the prompts.
 
-Two stores with one contract (``forward``, ``extend``, ``update``, ``drop_last``, ``mask``,
-``n_valid``): `StaticRaggedKV` preallocates every layer and rewinds by moving an end index
+A pass may also append a token tree (``forward(..., parents=)``: each node sees the committed
+prefix, the tip and its own ancestors, at the position of its depth); ``keep_path`` then moves
+the accepted path's entries into place after the tip and drops the rest, so the cache holds
+committed tokens only, in order.
+
+Two stores with one contract (``forward``, ``extend``, ``update``, ``drop_last``, ``keep_path``,
+``mask``, ``n_valid``): `StaticRaggedKV` preallocates every layer and rewinds by moving an end index
 (the lean runtime's); `RaggedKV` wraps transformers' DynamicCache for transformers' forward
 (runtime=hf), whose rewind crops tensors.
 """
@@ -16,6 +21,24 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from specexp.core.tree import tree_mask, tree_positions
+
+
+def block_mask(slot_valid: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """The 4-D mask of a tree pass [B, 1, N+1, L]: every valid slot before the block, then the tree
+    within it (the block's N+1 slots are the last of slot_valid [B, L])."""
+    T = parents.shape[1] + 1
+    before = slot_valid[:, None, : -T].bool().expand(-1, T, -1)  # [B, T, L-T]
+    return torch.cat([before, tree_mask(parents)], dim=-1)[:, None]
+
+
+def path_sources(path: torch.Tensor, start: int) -> torch.Tensor:
+    """Slots to copy into start+1..start+D from [B, D]: the accepted nodes' (slot start+1+node), a
+    slot's own where the path has ended (-1)."""
+    D = path.shape[1]
+    own = start + 1 + torch.arange(D, device=path.device)
+    return torch.where(path >= 0, start + 1 + path, own)
 
 
 @dataclass
@@ -38,18 +61,30 @@ class RaggedKV:
         input_ids: torch.Tensor,  # [B, T]
         input_mask: torch.Tensor | None = None,  # [B, T]: 0 for (left) padding
         logits_to_keep: int = 1,
+        parents: torch.Tensor | None = None,  # [B, T-1]: the tokens are a tip and a tree of T-1 nodes
     ) -> torch.Tensor:
         """Append T tokens per row and return the logits of the last ``logits_to_keep`` [B, n, V]."""
         if input_mask is None:
             input_mask = torch.ones_like(input_ids)
+        n_valid = self.n_valid
         positions = self.extend(input_mask)
+        attention_mask, tree = self.mask, {}
+        if parents is not None:
+            positions = tree_positions(n_valid, parents)
+            allowed = block_mask(self.mask, parents)
+            if getattr(model, "takes_block_mask", False):  # the lean decoder
+                tree = {"mask": allowed}
+            else:  # transformers takes a 4-D additive mask as it is
+                attention_mask = torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device).masked_fill(
+                    ~allowed, torch.finfo(model.dtype).min)
         out = model(
             input_ids=input_ids,
-            attention_mask=self.mask,
+            attention_mask=attention_mask,
             position_ids=positions,
             cache=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
+            **tree,
         )
         return out.logits
 
@@ -75,6 +110,20 @@ class RaggedKV:
         if trailing > 0:
             self.cache.crop(-trailing)
             self.mask = self.mask[:, :length]
+
+    def keep_path(self, path: torch.Tensor, n_accepted: torch.Tensor, n_nodes: int) -> None:
+        """After a pass over the tip and ``n_nodes`` draft tokens (a tree's, or a chain's): the
+        accepted nodes' entries ([B, D] node indices, -1 past n_accepted) move to the slots after
+        the tip, in order (a chain's are there already); every other node is dropped."""
+        start = self.mask.shape[1] - n_nodes - 1  # the tip's slot
+        if path.shape[1]:
+            source = path_sources(path, start)  # [B, D]
+            for layer in self.cache.layers:
+                for name in ("keys", "values"):
+                    held = getattr(layer, name)  # [B, H, S, hd]
+                    index = source[:, None, :, None].expand(-1, held.shape[1], -1, held.shape[3])
+                    held[:, :, start + 1 : start + 1 + path.shape[1]] = held.gather(2, index)
+        self.drop_last(n_nodes - n_accepted)
 
 
 def kept_length(mask: torch.Tensor, n_drop: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -154,13 +203,18 @@ class StaticRaggedKV:
         return self.keys[layer_idx, :, :, : start + T], self.values[layer_idx, :, :, : start + T]
 
     def forward(self, model, input_ids: torch.Tensor, input_mask: torch.Tensor | None = None,
-                logits_to_keep: int = 1) -> torch.Tensor:
-        """Append T tokens per row and return the logits of the last ``logits_to_keep`` [B, n, V]."""
+                logits_to_keep: int = 1, parents: torch.Tensor | None = None) -> torch.Tensor:
+        """Append T tokens per row and return the logits of the last ``logits_to_keep`` [B, n, V];
+        with ``parents`` [B, T-1] the tokens are a tip and a tree of T-1 nodes."""
         if input_mask is None:
             input_mask = torch.ones_like(input_ids)
+        n_valid = self.n_valid
         positions = self.extend(input_mask)
-        return model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions, cache=self,
-                     logits_to_keep=logits_to_keep).logits
+        if parents is None:
+            return model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions, cache=self,
+                         logits_to_keep=logits_to_keep).logits
+        return model(input_ids=input_ids, attention_mask=self.mask, position_ids=tree_positions(n_valid, parents),
+                     cache=self, logits_to_keep=logits_to_keep, mask=block_mask(self.mask, parents)).logits
 
     def drop_last(self, n_drop: torch.Tensor) -> None:
         """Invalidate the last ``n_drop[b]`` valid tokens of each row b ([B] long)."""
@@ -169,6 +223,20 @@ class StaticRaggedKV:
         self.n_valid = self.n_valid - n_drop
         self.length = length
         self.layer_length = [min(n, length) for n in self.layer_length]
+
+    def keep_path(self, path: torch.Tensor, n_accepted: torch.Tensor, n_nodes: int) -> None:
+        """After a pass over the tip and ``n_nodes`` draft tokens (a tree's, or a chain's): the
+        accepted nodes' entries ([B, D] node indices, -1 past n_accepted) move to the slots after
+        the tip, in order (one gather and one write for all layers); every other node is dropped."""
+        start = self.length - n_nodes - 1  # the tip's slot
+        if path.shape[1]:
+            source = path_sources(path, start)  # [B, D]
+            N, B, H, _, hd = self.keys.shape
+            index = source[None, :, None, :, None].expand(N, B, H, -1, hd)
+            kept = slice(start + 1, start + 1 + path.shape[1])
+            self.keys[:, :, :, kept] = self.keys.gather(3, index)
+            self.values[:, :, :, kept] = self.values.gather(3, index)
+        self.drop_last(n_nodes - n_accepted)
 
 
 def new_ragged_kv(model, batch_size: int, device: torch.device, capacity: int) -> "RaggedKV | StaticRaggedKV":

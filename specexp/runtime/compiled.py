@@ -54,6 +54,7 @@ class CompiledDecoder:
     of up to ``max_tokens`` new tokens run compiled."""
 
     takes_static_cache = True
+    takes_block_mask = True  # a token tree's pass runs eagerly with its mask
 
     def __init__(self, decoder: LeanDecoder, mode: str | None = None, max_tokens: int = 32):
         self.decoder, self.mode, self.max_tokens = decoder, mode, max_tokens
@@ -70,11 +71,13 @@ class CompiledDecoder:
         return d.logits(hidden)  # [B, Tb, V]
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                 position_ids: torch.Tensor | None = None, cache=None, logits_to_keep: int = 1, **_) -> SimpleNamespace:
+                 position_ids: torch.Tensor | None = None, cache=None, logits_to_keep: int = 1,
+                 mask: torch.Tensor | None = None, **_) -> SimpleNamespace:
         T = input_ids.shape[1]
         lengths = set(cache.layer_length) if isinstance(cache, StaticRaggedKV) else None
-        if lengths is None or len(lengths) != 1 or T > self.max_tokens or not logits_to_keep:
-            return self.decoder(input_ids, attention_mask, position_ids, cache, logits_to_keep)
+        # A token tree's pass (its own mask) runs eagerly: the compiled graph builds a causal one.
+        if lengths is None or len(lengths) != 1 or T > self.max_tokens or not logits_to_keep or mask is not None:
+            return self.decoder(input_ids, attention_mask, position_ids, cache, logits_to_keep, mask=mask)
         start = lengths.pop()  # every layer holds the same slots; extend booked [start, start + T)
         padding = bucket(T) - T
         if padding:  # written past the cache's end: masked from every query, overwritten by the next pass

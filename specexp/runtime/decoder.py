@@ -133,6 +133,7 @@ class LeanDecoder:
     ``embed`` -> ``run_layers`` (any range) -> ``logits`` for split forwards, and ``taps``."""
 
     takes_static_cache = True  # core.kv.new_ragged_kv gives it a preallocated cache
+    takes_block_mask = True  # a token tree's pass hands it its 4-D mask (`mask`)
 
     def __init__(self, model: PreTrainedModel, fuse_projections: bool = True):
         reason = unsupported_reason(model)
@@ -258,15 +259,16 @@ class LeanDecoder:
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None, cache=None, logits_to_keep: int = 1,
-                 taps: tuple[int, ...] = (), **_) -> SimpleNamespace:
+                 taps: tuple[int, ...] = (), mask: torch.Tensor | None = None, **_) -> SimpleNamespace:
         """Logits of the last ``logits_to_keep`` positions [B, n, V] (all with 0), and the hidden
-        states after each layer in ``taps`` [B, T, H] as ``.hidden_states``."""
+        states after each layer in ``taps`` [B, T, H] as ``.hidden_states``. ``mask`` [B, 1, T, S+T]
+        (a token tree's) replaces the causal one built from attention_mask."""
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device)[None].expand(B, T)
         tapped = dict.fromkeys(taps)
         hidden = self.run_layers(self.embed(input_ids), range(self.n_layers), cache, attention_mask, position_ids,
-                                 tapped)
+                                 tapped, mask)
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         return SimpleNamespace(logits=self.logits(kept), hidden_states=tapped)
 
