@@ -25,7 +25,7 @@ import torch
 
 from specexp.core import engine
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
-from specexp.core.verify import speculative_verify
+from specexp.core.verify import tree_verify
 from tests.conftest import build_ngram_files, tiny_model
 from tests.drafters import DRAFT_KINDS, make_drafter
 from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, grouped_chi_square
@@ -104,13 +104,13 @@ def test_sampled_tokens_1_to_3_follow_the_target(pair, kind, k, sampling_name):
     assert int(out.n_accepted.sum()) > 0, f"{kind} had no token accepted: the draft path was not exercised"
 
 
-def verify_with_broken_residual(draft_tokens, draft_probs, target_probs, generator=None):
+def verify_with_broken_residual(draft_tokens, parents, draft_probs, target_probs, generator=None):
     """The rule with a classic bug: after a rejection, draw the next token from p, not from
-    norm(max(p - q, 0)). Accepted prefixes and bonus tokens are unchanged."""
-    n_accepted, next_token = speculative_verify(draft_tokens, draft_probs, target_probs, generator)
+    norm(max(p - q, 0)). Accepted prefixes and bonus tokens are unchanged (drafts here are chains)."""
+    path, n_accepted, next_token = tree_verify(draft_tokens, parents, draft_probs, target_probs, generator)
     rows = torch.arange(draft_tokens.shape[0])
     from_p = sample(target_probs[rows, n_accepted], generator)
-    return n_accepted, torch.where(n_accepted < draft_tokens.shape[1], from_p, next_token)
+    return path, n_accepted, torch.where(n_accepted < draft_tokens.shape[1], from_p, next_token)
 
 
 @pytest.mark.slow
@@ -118,7 +118,7 @@ def verify_with_broken_residual(draft_tokens, draft_probs, target_probs, generat
 def test_a_broken_residual_is_caught(pair, kind, k, sampling_name, monkeypatch):
     """The control: every case above must fail against the broken rule (else it has no power
     over the residual)."""
-    monkeypatch.setattr(engine, "speculative_verify", verify_with_broken_residual)
+    monkeypatch.setattr(engine, "tree_verify", verify_with_broken_residual)
     p_value, tvd, _ = check_case(pair, kind, k, sampling_name)
     assert p_value < P_VALUE_THRESHOLD, f"{kind} K={k} {sampling_name}: the broken residual passed (p = {p_value:.3f})"
 
@@ -196,6 +196,6 @@ def test_the_shipped_distilled_draft_samples_the_default_target(default_pair):
 @pytest.mark.slow
 @pytest.mark.default_target
 def test_a_broken_residual_is_caught_with_the_shipped_distilled_draft(default_pair, monkeypatch):
-    monkeypatch.setattr(engine, "speculative_verify", verify_with_broken_residual)
+    monkeypatch.setattr(engine, "tree_verify", verify_with_broken_residual)
     p_value, _ = check_shipped_distilled(default_pair)
     assert p_value < P_VALUE_THRESHOLD, f"the broken residual passed (p = {p_value:.3f})"

@@ -1,7 +1,9 @@
 """The round loop: propose K -> one target pass -> verify -> commit -> rewind.
 
-The autoregressive baseline is this same loop with no draft (K = 0: each round is one
-target pass over the tip and a "bonus" token from p), so both are timed by the same code.
+A proposal is a tree of draft tokens; a chain is the tree whose token i hangs under token i - 1,
+and goes through the same pass, rule and rewind. The autoregressive baseline is this same loop
+with no draft (K = 0: each round is one target pass over the tip and a "bonus" token from p), so
+both are timed by the same code.
 """
 
 import time
@@ -14,7 +16,8 @@ from specexp.core.interface import Context, Drafter, Proposal, SharesTargetPass
 from specexp.core.k_policy import KPolicy
 from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
-from specexp.core.verify import speculative_verify
+from specexp.core.tree import chain_parents
+from specexp.core.verify import tree_verify
 
 
 @dataclass
@@ -128,7 +131,7 @@ def generate(
     # on the target cache holds every committed token but the tip, whose p comes next round.
     kv = new_ragged_kv(target, B, device, capacity=buf.shape[1])
     first_probs = logits_to_probs(kv.forward(target, prompt_ids, prompt_mask).to(device), sampling)  # [B, 1, V]
-    _, tip = speculative_verify(no_draft.tokens, no_draft.probs, first_probs, generator)  # [B]
+    _, _, tip = tree_verify(no_draft.tokens, chain_parents(B, 0, device), no_draft.probs, first_probs, generator)  # [B]
     _, generated = _commit(ctx, tip[:, None], torch.zeros_like(tip), eos, max_new_tokens, generated)
     shared_pass = isinstance(drafter, SharesTargetPass)
     if shared_pass:
@@ -159,27 +162,28 @@ def generate(
         sync()
         t1 = clock()
 
-        # 2. One target pass over [tip, x_1..x_K]: p at K+1 positions.
+        # 2. One target pass over [tip, x_1..x_K] (a tree's nodes each see their ancestors): p at K+1 positions.
         inputs = torch.cat([tip[:, None], proposal.tokens], dim=1)  # [B, K+1]
         if shared_pass and k_round > 0:  # an early-exit draft already ran its layers for the tip and x_1..x_{K-1}
             logits = drafter.target_forward(inputs)
         else:
-            logits = kv.forward(target, inputs, logits_to_keep=K + 1)  # [B, K+1, V]
+            logits = kv.forward(target, inputs, logits_to_keep=K + 1, parents=proposal.parents)  # [B, K+1, V]
         target_probs = logits_to_probs(logits.to(device), sampling)  # a device_map target's logits are on its last device
         sync()
         t2 = clock()
 
-        # 3. Verify.
-        n_accepted, next_token = speculative_verify(proposal.tokens, proposal.probs, target_probs, generator)
+        # 3. Verify: the accepted path [B, D] through the tree (a chain's: 0..n-1).
+        parents = proposal.parents if proposal.parents is not None else chain_parents(B, K, device)
+        path, n_accepted, next_token = tree_verify(proposal.tokens, parents, proposal.probs, target_probs, generator)
 
-        # 4. Commit x_1..x_n then next_token.
+        # 4. Commit the path's tokens x_1..x_n then next_token.
         active = ~ctx.done
-        new = torch.cat([proposal.tokens, next_token[:, None]], dim=1)  # [B, K+1]
+        new = torch.cat([proposal.tokens.gather(1, path.clamp_min(0)), next_token[:, None]], dim=1)  # [B, D+1]
         new.scatter_(1, n_accepted[:, None], next_token[:, None])
         n_emit, generated = _commit(ctx, new, n_accepted, eos, max_new_tokens, generated)
 
-        # 5. Rewind: the target keeps tip, x_1..x_n; the draft rewinds itself.
-        kv.drop_last(K - n_accepted)
+        # 5. Rewind: the target keeps tip, x_1..x_n (moved into place from a tree); the draft rewinds itself.
+        kv.keep_path(path, n_accepted, K)
         if k_round > 0:
             drafter.update(ctx, proposal, n_accepted)
         if k_policy is not None:

@@ -26,10 +26,11 @@ class Context:
 
 @dataclass
 class Proposal:
-    """What a draft hands the verifier for one round.
+    """What a draft hands the verifier for one round: a chain of K tokens, or a tree of K nodes.
 
     A row may propose fewer than K tokens: past its own count its tokens are arbitrary and
-    its q rows are all zero, which the verifier treats as "rejected, resample from p".
+    its q rows are all zero, which the verifier treats as "rejected, resample from p". A tree
+    node's q is the distribution it was drawn from given its earlier siblings (core/verify.py).
     """
 
     tokens: torch.Tensor  # [B, K] long
@@ -38,6 +39,9 @@ class Proposal:
     # [B] long or None: what the draft knew of each row's proposal, grouping rounds whose tokens are
     # accepted alike (prompt lookup: the length of the n-gram match); `draft.k=auto` learns per group
     group: torch.Tensor | None = None
+    # [B, K] long or None (a chain): the tokens form a tree, token i under token parents[i] (-1: the
+    # committed tip; else an earlier index); a chain is the tree whose token i hangs under i - 1
+    parents: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, batch_size: int, vocab_size: int, device: torch.device) -> "Proposal":
