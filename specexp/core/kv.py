@@ -33,6 +33,12 @@ def block_mask(slot_valid: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     return torch.cat([before, tree_mask(parents)], dim=-1)[:, None]
 
 
+def in_place(path: torch.Tensor) -> bool:
+    """Whether the accepted path [B, D] already sits right after the tip in every row (a chain's)."""
+    order = torch.arange(path.shape[1], device=path.device)
+    return bool(((path < 0) | (path == order)).all())
+
+
 def path_sources(path: torch.Tensor, start: int) -> torch.Tensor:
     """Slots to copy into start+1..start+D from [B, D]: the accepted nodes' (slot start+1+node), a
     slot's own where the path has ended (-1)."""
@@ -116,7 +122,7 @@ class RaggedKV:
         accepted nodes' entries ([B, D] node indices, -1 past n_accepted) move to the slots after
         the tip, in order (a chain's are there already); every other node is dropped."""
         start = self.mask.shape[1] - n_nodes - 1  # the tip's slot
-        if path.shape[1]:
+        if not in_place(path):  # a chain's path is where it belongs
             source = path_sources(path, start)  # [B, D]
             for layer in self.cache.layers:
                 for name in ("keys", "values"):
@@ -229,7 +235,7 @@ class StaticRaggedKV:
         accepted nodes' entries ([B, D] node indices, -1 past n_accepted) move to the slots after
         the tip, in order (one gather and one write for all layers); every other node is dropped."""
         start = self.length - n_nodes - 1  # the tip's slot
-        if path.shape[1]:
+        if not in_place(path):  # a chain's path is where it belongs
             source = path_sources(path, start)  # [B, D]
             N, B, H, _, hd = self.keys.shape
             index = source[None, :, None, :, None].expand(N, B, H, -1, hd)

@@ -84,41 +84,37 @@ def tree_verify(
     device = tree_tokens.device
     rows = torch.arange(B, device=device)
     u = torch.rand(B, N, generator=generator, device=device)  # [B, N]: one draw per node, as for a chain
-    depth = tree_depths(parents)
-    D = int(depth.max()) if N else 0
     # p at each node's parent, at its token; q of each node at its token [B, N]
     p_x = target_probs[rows[:, None], parents + 1, tree_tokens]
     q_x = draft_probs.gather(-1, tree_tokens[..., None]).squeeze(-1)
-    # Nodes with a later sibling in some row: their rejection must update r before the sibling is
-    # tried. Any other rejection ends its row's walk, and its residual is taken once at the end.
-    later_sibling = (parents[:, :, None] == parents[:, None, :]).triu(1).any(-1)  # [B, N]
-    update_now = later_sibling.any(0).tolist()
-
-    if not any(update_now):  # no node has a later sibling: every row is a chain, its walk the accepted prefix
+    order = torch.arange(N, device=device)
+    if bool((parents == order - 1).all()):  # every row a chain: the walk is the accepted prefix
         # u < p/q, written without division; p >= q always passes since u < 1.
         n_accepted = ((q_x > 0) & (u * q_x < p_x)).long().cumprod(-1).sum(-1)  # [B]
-        order = torch.arange(N, device=device)
-        path = torch.where(order < n_accepted[:, None], order, -1)[:, :D]
+        path = torch.where(order < n_accepted[:, None], order, -1)
         rejected = torch.where(n_accepted < N, n_accepted, -1)
-        r, mass = target_probs[rows, n_accepted], torch.ones(B, device=device)
+        r = target_probs[rows, n_accepted]
     else:
-        path, n_accepted, rejected, r, mass = _walk(tree_tokens, parents, draft_probs, target_probs, u, p_x, q_x, D,
-                                                      update_now)
+        path, n_accepted, rejected, r = _walk(tree_tokens, parents, draft_probs, target_probs, u, p_x, q_x)
     # The next token: from r, less the q of a last rejected child not yet taken out of it.
     q_n = draft_probs[rows, rejected.clamp_min(0)] * (rejected >= 0)[:, None] if N else torch.zeros_like(r)
-    left = (r / mass[:, None] - q_n).clamp_min(0)  # r normalised (exactly r for p itself)
+    left = (r - q_n).clamp_min(0)
     # No mass left: the rejection had probability 0, only rounding got here; r is right.
     left = torch.where(left.sum(-1, keepdim=True) > 0, left, r)
     return path, n_accepted, sample(left, generator)
 
 
 def _walk(tree_tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-          u: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor, D: int, update_now: list[bool]) -> tuple[torch.Tensor, ...]:
+          u: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """tree_verify's walk, node by node in index order (a node's children come after it): returns
     the path [B, D], n_accepted [B], a last rejected child whose q is still to be taken out of r
-    ([B], -1: none), r [B, V] where each walk ended and r's total [B]."""
+    ([B], -1: none) and r [B, V] (normalised) where each walk ended."""
     B, N = parents.shape
     device = parents.device
+    D = int(tree_depths(parents).max())
+    # Nodes with a later sibling in some row: their rejection must update r before the sibling is
+    # tried. Any other rejection ends its row's walk, and its residual is taken once at the end.
+    update_now = (parents[:, :, None] == parents[:, None, :]).triu(1).any(-1).any(0).tolist()  # [N]
     rows = torch.arange(B, device=device)
     node = torch.full((B,), -1, dtype=torch.long, device=device)  # where each row's walk stands
     n_accepted = torch.zeros(B, dtype=torch.long, device=device)
@@ -150,5 +146,5 @@ def _walk(tree_tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.T
         n_accepted = n_accepted + accept.long()
         modified, mass = modified & ~accept, torch.where(accept, 1.0, mass)
     r = target_probs[rows, node + 1] if residual is None else torch.where(
-        modified[:, None], residual, target_probs[rows, node + 1])
-    return path, n_accepted, rejected, r, mass
+        modified[:, None], residual / mass[:, None], target_probs[rows, node + 1])
+    return path, n_accepted, rejected, r

@@ -57,3 +57,37 @@ def stack_proposal(tokens: list[list[int]], probs: list[list[torch.Tensor]], voc
         if row_probs:
             q[b, : len(row_probs)] = torch.stack(row_probs)
     return Proposal(tokens=drafted, probs=q, n_proposed=n_proposed)
+
+
+def trie(continuations: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
+    """Continuations of a row, best first -> a token tree of at most ``budget`` nodes (tokens,
+    parents; -1: under the tip) that shares their common prefixes: the first is followed as far
+    as the budget allows, the others branch off it where they differ. Nodes come in the order
+    they are created, so a parent always precedes its children."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    for continuation in continuations:
+        parent = -1
+        for token in continuation:
+            node = child.get((parent, token))
+            if node is None:
+                if len(tokens) == budget:
+                    break
+                node = child[(parent, token)] = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+            parent = node
+    return tokens, parents
+
+
+def one_hot_tree_proposal(trees: list[tuple[list[int], list[int]]], vocab_size: int, device: torch.device) -> Proposal:
+    """A deterministic draft's token trees, per row (tokens, parents) of any sizes -> a Proposal with
+    parents; a row's padding nodes (past its own count) hang under the tip with q all zero.
+    Siblings are distinct tokens, each proposed with certainty: q one-hot (core/verify.py)."""
+    proposal = one_hot_proposal([tokens for tokens, _ in trees], vocab_size, device)
+    parents = torch.full(proposal.tokens.shape, -1, dtype=torch.long)
+    for b, (_, row_parents) in enumerate(trees):
+        parents[b, : len(row_parents)] = torch.tensor(row_parents, dtype=torch.long)
+    proposal.parents = parents.to(device)
+    return proposal

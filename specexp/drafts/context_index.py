@@ -32,16 +32,35 @@ class ContextIndex:
         tokens that followed it: at the most recent occurrence ("recent"), the earliest
         ("first", what HF's prompt lookup takes), or the continuation seen most often among
         the last ``max_candidates`` ("frequent", ties to the most recent). (0, []) if none."""
+        found = self.continuations(k, choice, 1)
+        return found[0] if found else (0, [])
+
+    def continuations(self, k: int, choice: str, branches: int) -> list[tuple[int, list[int]]]:
+        """Up to ``branches`` different continuations (n, up to k tokens), best first: the longest
+        matching n-gram's occurrences in the order ``choice`` prefers (see lookup), then shorter
+        n-grams' (weaker evidence). Empty if the suffix never occurred before."""
         tokens, L = self.tokens, len(self.tokens)
+        found: list[tuple[int, list[int]]] = []
+        seen: set[tuple[int, ...]] = set()
         for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
             starts = self.starts.get(tuple(tokens[L - n :]))
             if not starts:
                 continue
-            if choice in ("recent", "first"):
-                s = starts[-1] if choice == "recent" else starts[0]
-                return n, tokens[s + n : s + n + k]
-            recent_first = [tuple(tokens[s + n : s + n + k]) for s in reversed(starts[-self.max_candidates :])]
-            counts = Counter(recent_first)
-            best = max(counts.values())
-            return n, list(next(c for c in recent_first if counts[c] == best))
-        return 0, []
+            for continuation in self._ordered(starts, n, k, choice):
+                if continuation not in seen:
+                    seen.add(continuation)
+                    found.append((n, list(continuation)))
+                    if len(found) == branches:
+                        return found
+        return found
+
+    def _ordered(self, starts: list[int], n: int, k: int, choice: str):
+        """The continuations after an n-gram's occurrences (``starts``), in the order ``choice`` prefers."""
+        tokens = self.tokens
+        if choice == "first":
+            return (tuple(tokens[s + n : s + n + k]) for s in starts)
+        recent_first = [tuple(tokens[s + n : s + n + k]) for s in reversed(starts[-self.max_candidates :])]
+        if choice == "recent":
+            return iter(recent_first)
+        counts = Counter(recent_first)
+        return iter(sorted(counts, key=lambda c: -counts[c]))  # stable: ties keep the most recent first

@@ -8,6 +8,10 @@ Short matches are weak evidence: on held-out Spec-Bench prompts the first copied
 after a 1-gram match is accepted 20-32% of the time, after a 3-gram match 60-80%. Verifying
 a token is not free (on a CPU a target pass over 5 tokens costs ~1.6x one over 1 token), so
 ``max_tokens_after_match`` caps how far a short match is followed; longer matches propose K.
+
+With ``branches`` > 1 the draft is a token tree of K nodes: the continuations of up to that
+many earlier occurrences that differ (the longest match's first, then shorter matches'), their
+common prefixes shared; the best one is followed as deep as K allows and the rest branch off it.
 """
 
 from collections.abc import Sequence
@@ -16,7 +20,7 @@ import torch
 
 from specexp.core.interface import Context, Proposal
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import check_k, committed_tokens, one_hot_proposal
+from specexp.drafts.base import check_k, committed_tokens, one_hot_proposal, one_hot_tree_proposal, trie
 from specexp.drafts.context_index import ContextIndex
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
@@ -41,8 +45,10 @@ def cap_continuation(continuation: list[int], n: int, caps: Sequence[int], k: in
 
 class PromptLookupDrafter:
     def __init__(self, target: LoadedModel, k: int = 4, max_n: int = 3, min_n: int = 1, choice: str = "first",
-                 max_tokens_after_match: Sequence[int] | None = None):
+                 max_tokens_after_match: Sequence[int] | None = None, branches: int = 1):
         check_k(k)
+        if branches < 1:
+            raise UserInputError(f"draft.branches={branches} is not allowed; give 1 (a chain) or more (a token tree)")
         if not 1 <= min_n <= max_n:
             raise UserInputError(f"prompt lookup needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if choice not in CHOICES:
@@ -50,7 +56,7 @@ class PromptLookupDrafter:
         if max_tokens_after_match is None:
             max_tokens_after_match = DEFAULT_CAPS[:max_n]
         self.caps = check_caps(max_tokens_after_match, max_n)
-        self.k, self.max_n, self.min_n, self.choice = k, max_n, min_n, choice
+        self.k, self.max_n, self.min_n, self.choice, self.branches = k, max_n, min_n, choice, branches
         self.groups = max_n + 1  # proposals are grouped by match length 0..max_n (draft.k=auto keeps what pays)
         self.vocab_size = target.vocab_size  # q lives on the target's vocabulary
         self.indexes: list[ContextIndex] = []
@@ -61,10 +67,18 @@ class PromptLookupDrafter:
 
     def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         done = ctx.done.tolist()
-        matches = [(0, []) if done[b] else index.lookup(self.k, self.choice) for b, index in enumerate(self.indexes)]
-        found = [cap_continuation(continuation, n, self.caps, self.k) for n, continuation in matches]
-        proposal = one_hot_proposal(found, self.vocab_size, ctx.tokens.device)
-        proposal.group = torch.tensor([n for n, _ in matches], dtype=torch.long, device=ctx.tokens.device)
+        if self.branches == 1:
+            matches = [(0, []) if done[b] else index.lookup(self.k, self.choice) for b, index in enumerate(self.indexes)]
+            found = [cap_continuation(continuation, n, self.caps, self.k) for n, continuation in matches]
+            proposal = one_hot_proposal(found, self.vocab_size, ctx.tokens.device)
+            longest = [n for n, _ in matches]
+        else:
+            rows = [[] if done[b] else index.continuations(self.k, self.choice, self.branches)
+                    for b, index in enumerate(self.indexes)]
+            trees = [trie([cap_continuation(c, n, self.caps, self.k) for n, c in row], self.k) for row in rows]
+            proposal = one_hot_tree_proposal(trees, self.vocab_size, ctx.tokens.device)
+            longest = [row[0][0] if row else 0 for row in rows]
+        proposal.group = torch.tensor(longest, dtype=torch.long, device=ctx.tokens.device)
         return proposal
 
     def update(self, ctx: Context, proposal: Proposal | None, n_accepted: torch.Tensor | None) -> None:
