@@ -48,6 +48,10 @@ def expected_tokens(run_probability: np.ndarray, limits: np.ndarray, k_max: int)
     return len(limits) + (run_probability[:, None, :] * counted).sum(axis=(0, 2))
 
 
+def odds(p: np.ndarray) -> np.ndarray:
+    return p / (1 - p)
+
+
 def prior_curve(k_max: int, counts: tuple[np.ndarray, np.ndarray] | None, prior: float, weight: float,
                 cap: float) -> tuple[np.ndarray, np.ndarray]:
     """Per position, the acceptance a run starts from and how many observations it is worth [k_max]
@@ -101,17 +105,20 @@ class ModelK:
         self.row_accepted = np.zeros((batch_size, self.groups, self.k_max))
         self.row_reached = np.zeros((batch_size, self.groups, self.k_max))
         self.estimates = None
-        self.last_choice = None  # (state it was made in, K): a round without a draft is decided once
+        self.memo, self.memo_round = {}, self.rounds  # decisions by their inputs, made since memo_round
         self.max_new_tokens, self.first_lengths = max_new_tokens, None
         self.drafted = False  # the draft proposed in this batch (its fill is paid)
+        self.pays_until = 0  # a free draft is asked without checking until this round
 
     def acceptance(self) -> np.ndarray:
         """Per row, group and position: P(accepted | earlier ones accepted) [B, G, k_max].
 
         The run's estimate per position over all groups (leaning on the prior where seen little),
-        per group (a group seen little leans on that), scaled per prompt by how its own acceptance
-        so far compares with the run's: prompts differ in how easy they are more than in the shape
-        of their curve, and one number per prompt is learnt in a few rounds.
+        per group (a group seen little leans on that), its odds scaled per prompt by how the odds
+        of the prompt's own acceptance so far compare with the run's: prompts differ in how easy
+        they are more than in the shape of their curve, one number per prompt is learnt in a few
+        rounds, and on odds an easy prompt cannot push a position past certainty (scaling the
+        probability itself made every later position look sure on easy prompts: K too long).
         """
         if self.estimates is None:  # once per round: observe() invalidates
             prior_accepted = self.prior_n * self.prior  # [k_max]
@@ -120,7 +127,10 @@ class ModelK:
             run = (self.accepted + self.prior_weight * pooled) / (self.reached + self.prior_weight)  # [G, k_max]
             prompt = (self.row_accepted.sum((1, 2)) + self.prompt_weight * overall) / \
                 (self.row_reached.sum((1, 2)) + self.prompt_weight)  # [B]
-            self.estimates = np.clip(run[None] * (prompt / overall)[:, None, None], 0.0, 0.99), pooled
+            if self.free:  # its groups already tell an easy context from a hard one
+                prompt = np.full_like(prompt, overall)
+            scaled = odds(np.clip(run, 1e-6, 0.99))[None] * (odds(prompt) / odds(overall))[:, None, None]  # [B, G, k_max]
+            self.estimates = np.minimum(scaled / (1 + scaled), 0.99), pooled
         return self.estimates[0]
 
     def optimistic(self, estimated: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -137,8 +147,35 @@ class ModelK:
             seconds = seconds + np.r_[0.0, np.full(self.k_max, self.fill_seconds / max(remaining, 1.0))] * tokens
         return tokens / seconds
 
+    def _memo(self, key: tuple, decide: Callable[[], object]) -> object:
+        """A decision made for the same rows, groups, limits and prices within the last
+        ``probe_every`` rounds, else made now: estimates move little in a few rounds, and pricing
+        every K each round cost ~0.4 ms of a 21 ms round with the model's forward evicting it."""
+        if self.rounds - self.memo_round >= self.probe_every:
+            self.memo.clear()
+            self.memo_round = self.rounds
+        if key not in self.memo:
+            self.memo[key] = decide()
+        return self.memo[key]
+
     def _best(self, active: np.ndarray, group: np.ndarray, limits: np.ndarray, seconds: np.ndarray,
               remaining: float) -> int:
+        """The K with the most tokens per second for these rows (memoised), on every
+        ``probe_every``-th round one more where that could plausibly pay (a close call keeps being
+        measured)."""
+        self.rounds += 1
+        key = (active.tobytes(), group.tobytes(), limits.tobytes(), seconds.tobytes(),
+               self.drafted or int(remaining))  # before the first proposal the fill's share changes each round
+        k = self._memo(key, lambda: self._best_k(active, group, limits, seconds, remaining))
+        if k < int(limits.max(initial=0)) and self.rounds % self.probe_every == 0:
+            estimated = self.acceptance()[np.nonzero(active)[0], group]  # [B', k_max]
+            rate = self._rate(np.cumprod(estimated, axis=-1), limits, seconds, remaining)
+            optimistic = self._rate(np.cumprod(self.optimistic(estimated, group), axis=-1), limits, seconds, remaining)
+            k += int(optimistic[k + 1] > rate[k])
+        return k
+
+    def _best_k(self, active: np.ndarray, group: np.ndarray, limits: np.ndarray, seconds: np.ndarray,
+                remaining: float) -> int:
         """The K with the most tokens per second for these rows; a K other than the run's own best
         (pooled over prompts and groups) only when it promises ``margin`` more: estimates this
         close are within their noise, and each switch to a longer pass is paid for surely."""
@@ -147,14 +184,7 @@ class ModelK:
         pooled = np.broadcast_to(self.pooled(), estimated.shape)
         run_k = int(np.argmax(self._rate(np.cumprod(pooled, axis=-1), limits, seconds, remaining)))
         k = int(np.argmax(rate))
-        if rate[k] < (1 + self.margin) * rate[run_k]:
-            k = run_k
-        self.rounds += 1
-        if k < int(limits.max(initial=0)) and self.rounds % self.probe_every == 0:
-            # One token more than chosen, where it could plausibly pay: a close call keeps being measured.
-            optimistic = self._rate(np.cumprod(self.optimistic(estimated, group), axis=-1), limits, seconds, remaining)
-            k += int(optimistic[k + 1] > rate[k])
-        return k
+        return k if rate[k] >= (1 + self.margin) * rate[run_k] else run_k
 
     def _remaining(self, ctx: Context, active: np.ndarray) -> float:
         """Tokens the batch's active rows have left to generate (EOS aside)."""
@@ -180,32 +210,29 @@ class ModelK:
         return self.estimates[1]
 
     def choose(self, ctx: Context) -> int:
+        if self.free and self.rounds < self.pays_until:  # decided within the last probe_every rounds
+            return self.k_max
         active = ~ctx.done.cpu().numpy()
-        context = int(ctx.lengths.max())
+        seconds = self.pass_seconds(int(ctx.lengths.max()))
         remaining = self._remaining(ctx, active)
-        # Nothing learnt since the last round (it drafted nothing) and the same rows and prices:
-        # the same choice, without pricing every K again (a round of a draft that sits out costs ~0.1 ms less).
-        key = (self.observed, context // 16, active.tobytes())
-        if self.last_choice is not None and self.last_choice[0] == key and (self.rounds + 1) % self.probe_every:
-            self.rounds += 1
-            return self.last_choice[1]
         if self.free:  # it proposes all it finds (shorten keeps what pays), or is not asked
-            k = self.k_max if self._could_pay(active, self.pass_seconds(context) + self.draft_seconds[-1], remaining) else 0
-            self.rounds += int(k == 0)  # a round it sat out counts towards the next probe
-        else:
-            limits = np.full(int(active.sum()), self.k_max)
-            k = self._best(active, np.zeros(len(limits), dtype=int), limits,
-                           self.pass_seconds(context) + self.draft_seconds, remaining)
-        self.last_choice = (key, k) if k == 0 else None
-        return k
+            pays = self._memo(("free", active.tobytes(), seconds.tobytes(), self.drafted or int(remaining)),
+                              lambda: self._could_pay(active, seconds + self.draft_seconds[-1], remaining))
+            self.rounds += not pays  # a round it sat out counts towards the next refresh
+            if pays and self.drafted:
+                self.pays_until = self.rounds + self.probe_every
+            return self.k_max if pays else 0
+        limits = np.full(int(active.sum()), self.k_max)
+        return self._best(active, np.zeros(len(limits), dtype=int), limits, seconds + self.draft_seconds, remaining)
 
     def shorten(self, proposal: Proposal, ctx: Context) -> Proposal:
         if not self.free:
             return proposal
         active = ~ctx.done.cpu().numpy()
         seconds = self.pass_seconds(int(ctx.lengths.max())) + self.draft_seconds[-1]  # the draft's cost is spent
+        remaining = 0.0 if self.drafted else self._remaining(ctx, active)  # only the fill's share needs it
         k = self._best(active, proposal.group.cpu().numpy()[active], proposal.n_proposed.cpu().numpy()[active], seconds,
-                       self._remaining(ctx, active))
+                       remaining)
         return truncate(proposal, k)
 
     def observe(self, proposal: Proposal, n_accepted: torch.Tensor, active: torch.Tensor) -> None:
@@ -218,10 +245,14 @@ class ModelK:
         reached = (position < proposed[:, None]) & (position <= accepted[:, None]) & rows[:, None]  # [B, k_max]
         took = (position < accepted[:, None]) & rows[:, None]
         batch = np.arange(len(rows))
-        np.add.at(self.row_reached, (batch, group), reached)
-        np.add.at(self.row_accepted, (batch, group), took)
-        np.add.at(self.reached, group, reached)
-        np.add.at(self.accepted, group, took)
+        self.row_reached[batch, group] += reached  # one group per row: the pairs are distinct
+        self.row_accepted[batch, group] += took
+        if self.groups == 1:
+            self.reached[0] += reached.sum(0)
+            self.accepted[0] += took.sum(0)
+        else:  # rows may share a group
+            np.add.at(self.reached, group, reached)
+            np.add.at(self.accepted, group, took)
         self.estimates = None
         self.observed += 1
         self.drafted = True

@@ -32,8 +32,12 @@ class ContextIndex:
         tokens that followed it: at the most recent occurrence ("recent"), the earliest
         ("first", what HF's prompt lookup takes), or the continuation seen most often among
         the last ``max_candidates`` ("frequent", ties to the most recent). (0, []) if none."""
-        found = self.continuations(k, choice, 1)
-        return found[0] if found else (0, [])
+        tokens, L = self.tokens, len(self.tokens)
+        for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
+            starts = self.starts.get(tuple(tokens[L - n :]))
+            if starts:  # one dict probe per n: this runs every round of every row
+                return n, list(next(self._ordered(starts, n, k, choice)))
+        return 0, []
 
     def continuations(self, k: int, choice: str, branches: int) -> list[tuple[int, list[int]]]:
         """Up to ``branches`` different continuations (n, up to k tokens), best first: the longest
