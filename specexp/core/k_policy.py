@@ -114,7 +114,7 @@ class ModelK:
         """Per row, group and position: P(accepted | earlier ones accepted) [B, G, k_max].
 
         The run's estimate per position over all groups (leaning on the prior where seen little),
-        per group (a group seen little leans on that), its odds scaled per prompt by how the odds
+        per group and position (leaning on the group's own rate over its positions), its odds scaled per prompt by how the odds
         of the prompt's own acceptance so far compare with the run's: prompts differ in how easy
         they are more than in the shape of their curve, one number per prompt is learnt in a few
         rounds, and on odds an easy prompt cannot push a position past certainty (scaling the
@@ -124,7 +124,15 @@ class ModelK:
             prior_accepted = self.prior_n * self.prior  # [k_max]
             pooled = (self.accepted.sum(0) + prior_accepted) / (self.reached.sum(0) + self.prior_n)  # [k_max]
             overall = (self.accepted.sum() + prior_accepted.sum()) / (self.reached.sum() + self.prior_n.sum())
-            run = (self.accepted + self.prior_weight * pooled) / (self.reached + self.prior_weight)  # [G, k_max]
+            # A cell seen little leans on its group over all positions where there are groups (prompt
+            # lookup's match lengths differ more than its positions: pooling over groups made a rare
+            # long match look like the common 1-token one), else on the run's curve.
+            if self.groups > 1:
+                within = (self.accepted.sum(1) + self.prompt_weight * overall) / (self.reached.sum(1) + self.prompt_weight)
+                toward = within[:, None]  # [G, 1]
+            else:
+                toward = pooled[None]  # [1, k_max]
+            run = (self.accepted + self.prior_weight * toward) / (self.reached + self.prior_weight)  # [G, k_max]
             prompt = (self.row_accepted.sum((1, 2)) + self.prompt_weight * overall) / \
                 (self.row_reached.sum((1, 2)) + self.prompt_weight)  # [B]
             if self.free:  # its groups already tell an easy context from a hard one
