@@ -30,6 +30,9 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
             raise UserInputError(f"draft.k={k} is not allowed; give an integer >= 1, or one of: {', '.join(POLICIES)}")
         if not isinstance(k_max, int) or k_max < 1:
             raise UserInputError(f"draft.k_max={k_max} is not allowed; it must be an integer >= 1")
+        if draft_cfg.get("branches", 1) != 1:  # ModelK prices chains: the acceptance of a tree's nodes is another model
+            raise UserInputError(f"draft.k={k} prices chains; a token tree (draft.branches={draft_cfg.branches}) takes "
+                                 "a fixed node budget, e.g. draft.k=8")
         draft_cfg.k = k_max
         if "max_tokens_after_match" in draft_cfg and draft_cfg.max_tokens_after_match is None:
             draft_cfg.max_tokens_after_match = []

@@ -58,6 +58,8 @@ DRAFT_KINDS = {
     "disagree": lambda target, other, k, files: SmallLMDrafter(target, other, k=k),
     "random": lambda target, other, k, files: RandomDrafter(target.vocab_size, k),
     "prompt_lookup": lambda target, other, k, files: PromptLookupDrafter(target, k=k, max_n=3, min_n=1),
+    "prompt_lookup_tree": lambda target, other, k, files: PromptLookupDrafter(
+        target, k=k, max_n=3, min_n=1, max_tokens_after_match=[], branches=min(3, k)),
     "prompt_lookup_frequent": lambda target, other, k, files: PromptLookupDrafter(
         target, k=k, max_n=2, min_n=1, choice="frequent", max_tokens_after_match=[]),  # uncapped
     "ngram_lm": lambda target, other, k, files: NgramLMDrafter(target, files["lm"], k=k),

@@ -229,6 +229,7 @@ def test_profile_command_measures_prints_and_writes_a_profile_a_study_can_price_
     ("draft.k=sometimes", "draft.k=sometimes is not allowed; give an integer >= 1, or one of: auto, heuristic"),
     ("draft.k_max=0", "draft.k_max=0 is not allowed"),
     ("profile.path=/nonexistent.json", "profile.path='/nonexistent.json' is not a file"),
+    ("draft.branches=3", "draft.k=auto prices chains; a token tree (draft.branches=3) takes a fixed node budget"),
 ])
 def test_bad_k_and_profile_settings_fail_in_one_line(tmp_path, override, message):
     out = run_module("specexp", "size=smoke", override, f"hydra.run.dir={tmp_path / 'run'}")

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from specexp.core.interface import Context
 from specexp.core.sampling import SamplingConfig
+from specexp.drafts.base import trie
 from specexp.drafts.context_index import ContextIndex
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.errors import UserInputError
@@ -97,3 +98,72 @@ def test_short_matches_propose_at_most_their_cap(target):
 def test_bad_caps_are_refused(target, caps):
     with pytest.raises(UserInputError, match="max_tokens_after_match"):
         PromptLookupDrafter(target, k=4, max_n=3, max_tokens_after_match=caps)
+
+
+def brute_force_continuations(seq: list[int], max_n: int, min_n: int, k: int, branches: int) -> list[tuple[int, list[int]]]:
+    """choice="first": every earlier window's continuation, longest n first, earliest first, distinct."""
+    found: list[tuple[int, list[int]]] = []
+    L = len(seq)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        for s in range(L - n):
+            if seq[s : s + n] == seq[L - n :] and seq[s + n : s + n + k] not in [c for _, c in found]:
+                found.append((n, seq[s + n : s + n + k]))
+    return found[:branches]
+
+
+@settings(max_examples=200, deadline=None)
+@given(seq=st.lists(st.integers(0, 3), min_size=1, max_size=40), max_n=st.integers(1, 4), k=st.integers(1, 6),
+       branches=st.integers(1, 5))
+def test_continuations_list_every_different_one_longest_match_first(seq, max_n, k, branches):
+    index = ContextIndex(max_n=max_n, min_n=1)
+    index.extend(seq)
+    assert index.continuations(k, "first", branches) == brute_force_continuations(seq, max_n, 1, k, branches)
+
+
+def test_trie_shares_prefixes_follows_the_first_and_keeps_the_budget():
+    assert trie([[1, 2, 3], [1, 4], [5]], 10) == ([1, 2, 3, 4, 5], [-1, 0, 1, 0, -1])
+    assert trie([[1, 2, 3], [1, 4], [5]], 4) == ([1, 2, 3, 4], [-1, 0, 1, 0])
+    assert trie([[1, 2, 3], [1, 2]], 10) == ([1, 2, 3], [-1, 0, 1])  # a prefix of another adds nothing
+
+
+def test_tree_proposal_branches_where_earlier_continuations_differ(target):
+    # "7 8" occurred twice before, followed by 9 1 and 9 2; "8" also by 3
+    tokens = torch.tensor([[7, 8, 9, 1, 7, 8, 9, 2, 8, 3, 7, 8]])
+    ctx = Context(tokens=tokens, start=torch.tensor([0]), lengths=torch.tensor([12]), done=torch.tensor([False]))
+    drafter = PromptLookupDrafter(target, k=5, max_n=2, min_n=1, max_tokens_after_match=[], branches=3)
+    drafter.reset(ctx)
+    proposal = drafter.propose(ctx, SamplingConfig(), None)
+    # Continuations of up to 5 - 3 + 1 = 3 tokens (room for the other branches): (2, 9 1 7) and
+    # (2, 9 2 8) share their 9; (1, 3 7 8) finds no node left.
+    assert proposal.tokens[0].tolist() == [9, 1, 7, 2, 8] and proposal.parents[0].tolist() == [-1, 0, 1, 0, 3]
+    drafter = PromptLookupDrafter(target, k=8, max_n=2, min_n=1, max_tokens_after_match=[], branches=3)
+    drafter.reset(ctx)
+    proposal = drafter.propose(ctx, SamplingConfig(), None)
+    assert proposal.tokens[0].tolist() == [9, 1, 7, 8, 9, 2, 2, 8]  # 6 deep, then the second branch
+    assert proposal.parents[0].tolist() == [-1, 0, 1, 2, 3, 4, 0, 6]
+    assert torch.equal(proposal.probs[0].argmax(-1), proposal.tokens[0]) and proposal.probs[0].sum().item() == 8.0
+    assert proposal.group.tolist() == [2]
+
+
+@pytest.mark.parametrize(("k", "branches", "message"), [(4, 0, "draft.branches=0 is not allowed"),
+                                                        (2, 3, "draft.branches=3 needs draft.k >= 3")])
+def test_bad_branches_are_refused(target, k, branches, message):
+    with pytest.raises(UserInputError, match=message):
+        PromptLookupDrafter(target, k=k, branches=branches)
+
+
+@pytest.mark.default_target
+def test_a_tree_study_runs_from_the_cli_and_decodes_as_the_target(tmp_path):
+    """`python -m specexp draft=prompt_lookup draft.k=8 draft.branches=3` on the embedded default:
+    every answer identical to the target's own, some tree nodes accepted."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-m", "specexp", "size=smoke", "draft=prompt_lookup", "draft.k=8",
+                          "draft.branches=3", f"hydra.run.dir={tmp_path}"], cwd=Path(__file__).parent.parent,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["greedy_match"] == 1.0 and summary["tau"] > 1.0

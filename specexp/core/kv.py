@@ -75,7 +75,7 @@ class RaggedKV:
         n_valid = self.n_valid
         positions = self.extend(input_mask)
         attention_mask, tree = self.mask, {}
-        if parents is not None:
+        if parents is not None and parents.shape[1]:  # a tree of no nodes is the tip alone
             positions = tree_positions(n_valid, parents)
             allowed = block_mask(self.mask, parents)
             if getattr(model, "takes_block_mask", False):  # the lean decoder
@@ -216,7 +216,7 @@ class StaticRaggedKV:
             input_mask = torch.ones_like(input_ids)
         n_valid = self.n_valid
         positions = self.extend(input_mask)
-        if parents is None:
+        if parents is None or not parents.shape[1]:  # a tree of no nodes is the tip alone
             return model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions, cache=self,
                          logits_to_keep=logits_to_keep).logits
         return model(input_ids=input_ids, attention_mask=self.mask, position_ids=tree_positions(n_valid, parents),

@@ -10,8 +10,9 @@ a token is not free (on a CPU a target pass over 5 tokens costs ~1.6x one over 1
 ``max_tokens_after_match`` caps how far a short match is followed; longer matches propose K.
 
 With ``branches`` > 1 the draft is a token tree of K nodes: the continuations of up to that
-many earlier occurrences that differ (the longest match's first, then shorter matches'), their
-common prefixes shared; the best one is followed as deep as K allows and the rest branch off it.
+many earlier occurrences that differ (the longest match's first, then shorter matches'), each of
+up to K - branches + 1 tokens, their common prefixes shared; the best one is followed in full
+and the rest branch off it while nodes are left.
 """
 
 from collections.abc import Sequence
@@ -49,6 +50,8 @@ class PromptLookupDrafter:
         check_k(k)
         if branches < 1:
             raise UserInputError(f"draft.branches={branches} is not allowed; give 1 (a chain) or more (a token tree)")
+        if branches > k:
+            raise UserInputError(f"draft.branches={branches} needs draft.k >= {branches} nodes (draft.k={k})")
         if not 1 <= min_n <= max_n:
             raise UserInputError(f"prompt lookup needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if choice not in CHOICES:
@@ -73,7 +76,8 @@ class PromptLookupDrafter:
             proposal = one_hot_proposal(found, self.vocab_size, ctx.tokens.device)
             longest = [n for n, _ in matches]
         else:
-            rows = [[] if done[b] else index.continuations(self.k, self.choice, self.branches)
+            depth = self.k - self.branches + 1  # the first continuation leaves a node for each other one
+            rows = [[] if done[b] else index.continuations(depth, self.choice, self.branches)
                     for b, index in enumerate(self.indexes)]
             trees = [trie([cap_continuation(c, n, self.caps, self.k) for n, c in row], self.k) for row in rows]
             proposal = one_hot_tree_proposal(trees, self.vocab_size, ctx.tokens.device)
