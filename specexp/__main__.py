@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from specexp.cli import CONFIG_DIR, missing_value, remove_run_folder, unknown_choice, user_error
 from specexp.errors import UserInputError
-from specexp.report import print_summary
+from specexp.report import done_line, print_summary
 from specexp.study import config_hash, run_job
 from specexp.tracking import JobResults
 
@@ -46,7 +46,7 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     if multirun:
-        print(f"[done] {label}: alpha={summary['alpha']:.3f} tau={summary['tau']:.3f} speedup={summary['speedup']:.3f}")
+        print(done_line(label, summary))
     else:
         print_summary(summary, out_dir)
     return summary["speedup"]  # what a sweeper optimises

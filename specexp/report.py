@@ -7,14 +7,20 @@ from rich.console import Console
 from rich.table import Table
 
 
-def _fmt(value) -> str:
+def fmt(value) -> str:
+    """A metric for a line of text: 3 decimals, '-' where there is none (alpha of a run that never drafted)."""
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, list):
-        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+        return "[" + ", ".join(fmt(v) for v in value) + "]"
     return str(value)
+
+
+def done_line(label: str, summary: dict) -> str:
+    """A multirun job's one line: alpha, tau and speedup ('-' for alpha when nothing was drafted)."""
+    return f"[done] {label}: " + " ".join(f"{key}={fmt(summary.get(key))}" for key in ("alpha", "tau", "speedup"))
 
 
 def markdown_table(table: pd.DataFrame, digits: int = 3) -> str:
@@ -36,14 +42,14 @@ def print_summary(summary: dict, out_dir: Path | None = None, console: Console |
     for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup",
                 "cost_ratio_c", "verify_cost_ratio", "mean_k", "predicted_speedup", "realized_over_predicted",
                 "predicted_speedup_iid", "greedy_match", "n_prompts"):
-        table.add_row(key, _fmt(summary.get(key)))
+        table.add_row(key, fmt(summary.get(key)))
     console.print(table)
     if summary.get("per_category"):
         per_cat = Table(title="per category")
         for column in ("category", "alpha", "tau", "speedup"):
             per_cat.add_column(column, justify="left" if column == "category" else "right")
         for cat, values in summary["per_category"].items():
-            per_cat.add_row(cat, _fmt(values["alpha"]), _fmt(values["tau"]), _fmt(values["speedup"]))
+            per_cat.add_row(cat, fmt(values["alpha"]), fmt(values["tau"]), fmt(values["speedup"]))
         console.print(per_cat)
     if out_dir is not None:
         console.print(f"results: {out_dir}")
