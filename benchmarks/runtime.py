@@ -37,6 +37,7 @@ from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.models import load_embedded_target
+from specexp.report import fmt
 from specexp.runtime import HFRuntime, LeanRuntime, round_rows
 
 NEEDS_A_MODEL = {"small_lm"}  # draft configs that need a user's draft.model
@@ -180,8 +181,8 @@ def main() -> None:
         results = interleaved_summaries(target, prompts, encoded, methods, SamplingConfig(), args.max_new_tokens, 0,
                                         desc=name, forward=forwards[name])
         for draft, s in results.items():
-            c = "-" if s["cost_ratio_c"] is None else f"{s['cost_ratio_c']:.3f}"
-            lines.append(f"| {name} | {draft} | {s['alpha']:.3f} | {s['verify_cost_ratio']:.2f} | {c} | "
+            # alpha and c are None for a draft k=auto never asked (no K pays on this machine)
+            lines.append(f"| {name} | {draft} | {fmt(s['alpha'])} | {s['verify_cost_ratio']:.2f} | {fmt(s['cost_ratio_c'])} | "
                          f"{s['speedup']:.3f} | {s['identical']}/{len(prompts)} |")
     text = "\n".join(lines) + "\n"
     args.out.write_text(text)
