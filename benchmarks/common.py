@@ -89,19 +89,22 @@ def interleaved_summaries(target: LoadedModel, prompts: list[Prompt], encoded: l
 def study_draft(target: LoadedModel, forward, runtime_record: dict, name: str, prompt: list[int],
                 overrides: tuple[str, ...] = (), sampling: SamplingConfig = GREEDY):
     """A draft config built as `python -m specexp draft=NAME OVERRIDES` builds it: (drafter, K, its K
-    policy or None, its entry in this machine's profile, the profile), the profile measured first
-    if this machine has none for the setting."""
+    policy or None, its entry in this machine's profile, the profile), the draft's own models
+    prepared by the config's runtime and then the profile measured if this machine has none for
+    the setting (a draft profiled before its runtime plan ran at half speed: target_prefix)."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
     from specexp.cli import CONFIG_DIR
     from specexp.k_choice import make_policy, resolve_draft_k
-    from specexp.profile import draft_key, ensure_profile
+    from specexp.profile import PROFILED_K, draft_key, ensure_profile
+    from specexp.runtime import round_rows
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name="config", overrides=[f"draft={name}", *overrides])
     draft_cfg, policy_name = resolve_draft_k(cfg.draft)
     drafter = instantiate(draft_cfg)(target)
+    instantiate(cfg.runtime).prepare(target, drafter, round_rows(1, max(drafter.k, PROFILED_K)))  # as a study does
     key = draft_key(draft_cfg)
     profile = ensure_profile(target, forward, runtime_record, drafter, key, prompt, 1, sampling, drafter.k,
                              list(cfg.profile.context_lengths), cfg.profile.repeats, cfg.profile.new_tokens)

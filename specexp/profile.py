@@ -36,7 +36,7 @@ from specexp.runtime.matmul import hardware_fingerprint
 from specexp.tracking import write_atomic
 
 PROFILE_METHOD = "interleaved-median-v3"  # changes to how profiles are measured invalidate cached ones
-DRAFT_METHOD = "lazy-fill-acceptance-v1"  # changes to how draft entries are measured re-measure those entries
+DRAFT_METHOD = "lazy-fill-acceptance-v2"  # changes to how draft entries are measured re-measure those entries
 CONTEXT_LENGTHS = (64, 256, 1024)
 PROFILED_K = 8  # draft rounds and target passes are measured up to this K at least (figures draw K = 1..8)
 
