@@ -18,20 +18,38 @@ def make(target, setup: str, batch_size: int):
     return model, RaggedKV.empty(target.model, batch_size, torch.device("cpu"))
 
 
+PROMPTS = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+
+
+def prefilled(target, setup: str):
+    """(forward, cache, committed tokens per row) after a prompt pass over 3 left-padded prompts."""
+    model, kv = make(target, setup, len(PROMPTS))
+    P = max(map(len, PROMPTS))
+    ids = torch.tensor([[0] * (P - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in PROMPTS])
+    with torch.no_grad():
+        kv.forward(model, ids, mask)
+    return model, kv, [list(p) for p in PROMPTS]
+
+
+def assert_next_token_is_fresh(target, model, kv, committed: list[list[int]], g: torch.Generator) -> None:
+    """A random next token's logits through the cache equal a fresh forward of each row alone."""
+    probe = torch.randint(2, target.vocab_size, (len(committed), 1), generator=g)
+    cached = kv.forward(model, probe)[:, -1]
+    kv.drop_last(torch.ones(len(committed), dtype=torch.long))
+    for b, tokens in enumerate(committed):
+        fresh = target.model(torch.tensor([tokens + probe[b].tolist()])).logits[0, -1]
+        torch.testing.assert_close(cached[b], fresh, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("setup", SETUPS)
 def test_rewound_cache_gives_fresh_forward_logits(target, setup):
     """B = 3 left-padded rows, rounds of 1..9 tokens (K = 0..8) with per-row rewinds, like ragged
     accepts; each probe's logits equal HF's forward of that row alone, with no cache."""
     g = torch.Generator().manual_seed(0)
     V = target.vocab_size
-    model, kv = make(target, setup, 3)
-    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
-    P = max(map(len, prompts))
-    ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
-    committed = [list(p) for p in prompts]
+    model, kv, committed = prefilled(target, setup)
     with torch.no_grad():
-        kv.forward(model, ids, mask)
         for _step in range(12):
             T = int(torch.randint(1, 10, (1,), generator=g))
             new = torch.randint(2, V, (3, T), generator=g)
@@ -41,13 +59,7 @@ def test_rewound_cache_gives_fresh_forward_logits(target, setup):
             for b in range(3):
                 committed[b] += new[b, : T - int(drop[b])].tolist()
             assert kv.n_valid.tolist() == [len(c) for c in committed]
-            # The next token's logits through the cache equal a fresh forward of each row alone.
-            probe = torch.randint(2, V, (3, 1), generator=g)
-            cached = kv.forward(model, probe)[:, -1]
-            kv.drop_last(torch.ones(3, dtype=torch.long))
-            for b in range(3):
-                fresh = target.model(torch.tensor([committed[b] + probe[b].tolist()])).logits[0, -1]
-                torch.testing.assert_close(cached[b], fresh, rtol=1e-9, atol=1e-9)
+            assert_next_token_is_fresh(target, model, kv, committed, g)
     # Slots no row uses are given back: the cache never holds more than the longest row + holes.
     held = kv.cache.get_seq_length() if isinstance(kv, RaggedKV) else max(kv.layer_length)
     assert kv.mask.shape[1] == held
@@ -109,14 +121,8 @@ def test_tree_pass_gives_each_nodes_path_logits_and_keeps_the_accepted_path(targ
     keep_path the cache continues exactly as if only the accepted path had been appended."""
     g = torch.Generator().manual_seed(1)
     V = target.vocab_size
-    model, kv = make(target, setup, 3)
-    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
-    P = max(map(len, prompts))
-    ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
-    committed = [list(p) for p in prompts]
+    model, kv, committed = prefilled(target, setup)
     with torch.no_grad():
-        kv.forward(model, ids, mask)
         chain = torch.randint(2, V, (3, 4), generator=g)  # a chain round with ragged accepts first: holes
         kv.forward(model, chain)
         drop = torch.tensor([3, 0, 2])
@@ -144,9 +150,4 @@ def test_tree_pass_gives_each_nodes_path_logits_and_keeps_the_accepted_path(targ
             for b in range(3):
                 committed[b] += [int(tokens[b, 0])] + [int(tokens[b, i + 1]) for i in paths[b]]
             assert kv.n_valid.tolist() == [len(c) for c in committed]
-            probe = torch.randint(2, V, (3, 1), generator=g)
-            cached = kv.forward(model, probe)[:, -1]
-            kv.drop_last(torch.ones(3, dtype=torch.long))
-            for b in range(3):
-                fresh = target.model(torch.tensor([committed[b] + probe[b].tolist()])).logits[0, -1]
-                torch.testing.assert_close(cached[b], fresh, rtol=1e-9, atol=1e-9)
+            assert_next_token_is_fresh(target, model, kv, committed, g)
