@@ -73,7 +73,8 @@ def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: 
     T(k_round + 1, context) and the engine's bookkeeping, and yields what the per-position
     acceptance (by proposal length) expects of the tokens its rows proposed. An AR round costs
     T(1, context) and the bookkeeping. Prompt passes are priced at each batch's prompt length, and
-    the draft's once-a-batch cost (its fill) for each batch in which it proposed. The tokens to generate are the run's own.
+    the draft's once-a-batch cost (its fill) for each batch in which it proposed. The tokens to
+    generate are the run's own.
     """
     spec_rounds, ar_rounds = spec.drop_duplicates(["batch", "round"]), ar.drop_duplicates(["batch", "round"])
     cap = np.inf if limit is None else limit

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from specexp.core.engine import generate
 from specexp.core.interface import SharesTargetPass
+from specexp.core.k_policy import position_counts
 from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.errors import UserInputError
@@ -205,13 +206,10 @@ def measure_overhead(forward, target, prompt: list[int], batch_size: int, sampli
 
 
 def acceptance_counts(out, k_max: int) -> tuple[np.ndarray, np.ndarray]:
-    """A decode's (accepted, reached) per draft position 1..k_max: reached when proposed and every
-    earlier position was accepted."""
-    position = torch.arange(k_max)  # 0-based
-    active = out.active[..., None]  # [R, B, 1]
-    reached = (position < out.n_proposed[..., None]) & (position <= out.n_accepted[..., None]) & active
-    accepted = (position < out.n_accepted[..., None]) & active
-    return accepted.sum((0, 1)).numpy(), reached.sum((0, 1)).numpy()
+    """A decode's (accepted, reached) per draft position 1..k_max, summed over its rounds and rows."""
+    reached, took = position_counts(out.n_proposed.flatten().numpy(), out.n_accepted.flatten().numpy(),
+                                    out.active.flatten().numpy(), k_max)
+    return took.sum(0), reached.sum(0)
 
 
 def measure_draft(forward, target, drafter, prompt: list[int], batch_size: int, sampling, ks: list[int],

@@ -48,6 +48,16 @@ def expected_tokens(run_probability: np.ndarray, limits: np.ndarray, k_max: int)
     return len(limits) + (run_probability[:, None, :] * counted).sum(axis=(0, 2))
 
 
+def position_counts(proposed: np.ndarray, accepted: np.ndarray, active: np.ndarray,
+                    k_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row and draft position 1..k_max, whether the rule looked at it (proposed, every earlier
+    one accepted) and whether it accepted it [B, k_max] each; rows out of the round count nothing."""
+    position = np.arange(k_max)  # 0-based: position i + 1
+    reached = (position < proposed[:, None]) & (position <= accepted[:, None]) & active[:, None]
+    took = (position < accepted[:, None]) & active[:, None]
+    return reached, took
+
+
 def odds(p: np.ndarray) -> np.ndarray:
     return p / (1 - p)
 
@@ -97,7 +107,6 @@ class ModelK:
         self.accepted = np.zeros((self.groups, self.k_max))  # over the run: position i accepted
         self.reached = np.zeros((self.groups, self.k_max))  # over the run: position i looked at by the rule
         self.rounds = 0
-        self.observed = 0  # rounds learnt from
 
     def begin(self, batch_size: int, k_max: int, max_new_tokens: int) -> None:
         if k_max != self.k_max:
@@ -114,11 +123,12 @@ class ModelK:
         """Per row, group and position: P(accepted | earlier ones accepted) [B, G, k_max].
 
         The run's estimate per position over all groups (leaning on the prior where seen little),
-        per group and position (leaning on the group's own rate over its positions), its odds scaled per prompt by how the odds
-        of the prompt's own acceptance so far compare with the run's: prompts differ in how easy
-        they are more than in the shape of their curve, one number per prompt is learnt in a few
-        rounds, and on odds an easy prompt cannot push a position past certainty (scaling the
-        probability itself made every later position look sure on easy prompts: K too long).
+        per group and position (leaning on the group's own rate over its positions), its odds
+        scaled per prompt by how the odds of the prompt's own acceptance so far compare with the
+        run's: prompts differ in how easy they are more than in the shape of their curve, one
+        number per prompt is learnt in a few rounds, and on odds an easy prompt cannot push a
+        position past certainty (scaling the probability itself made every later position look
+        sure on easy prompts: K too long).
         """
         if self.estimates is None:  # once per round: observe() invalidates
             prior_accepted = self.prior_n * self.prior  # [k_max]
@@ -249,9 +259,7 @@ class ModelK:
         rows = active.cpu().numpy()
         proposed, accepted = proposal.n_proposed.cpu().numpy(), n_accepted.cpu().numpy()
         group = proposal.group.cpu().numpy() if self.free else np.zeros_like(proposed)
-        position = np.arange(self.k_max)  # 0-based: position i + 1
-        reached = (position < proposed[:, None]) & (position <= accepted[:, None]) & rows[:, None]  # [B, k_max]
-        took = (position < accepted[:, None]) & rows[:, None]
+        reached, took = position_counts(proposed, accepted, rows, self.k_max)  # [B, k_max] each
         batch = np.arange(len(rows))
         self.row_reached[batch, group] += reached  # one group per row: the pairs are distinct
         self.row_accepted[batch, group] += took
@@ -262,7 +270,6 @@ class ModelK:
             np.add.at(self.reached, group, reached)
             np.add.at(self.accepted, group, took)
         self.estimates = None
-        self.observed += 1
         self.drafted = True
 
 
