@@ -63,6 +63,7 @@ DRAFT_KINDS = {
     "prompt_lookup_frequent": lambda target, other, k, files: PromptLookupDrafter(
         target, k=k, max_n=2, min_n=1, choice="frequent", max_tokens_after_match=[]),  # uncapped
     "ngram_lm": lambda target, other, k, files: NgramLMDrafter(target, files["lm"], k=k),
+    "ngram_lm_tree": lambda target, other, k, files: NgramLMDrafter(target, files["lm"], k=k, branches=2),
     "ngram_lm_confident": lambda target, other, k, files: NgramLMDrafter(target, files["lm"], k=k, min_confidence=0.3),
     "retrieval": lambda target, other, k, files: RetrievalDrafter(target, files["store"], k=k, combine_context=False),
     "retrieval+context": lambda target, other, k, files: RetrievalDrafter(target, files["store"], k=k, max_match=4,
@@ -70,6 +71,9 @@ DRAFT_KINDS = {
     "retrieval_confident": lambda target, other, k, files: RetrievalDrafter(target, files["store"], k=k,
                                                                             min_confidence=0.5),
     "reduced_vocab": lambda target, other, k, files: SmallLMDrafter(target, reduced_vocab_copy(other), k=k),
+    "small_lm_tree": lambda target, other, k, files: SmallLMDrafter(target, other, k=k, branches=2),
+    "reduced_vocab_tree": lambda target, other, k, files: SmallLMDrafter(target, reduced_vocab_copy(other), k=k,
+                                                                         branches=3, depth=2),
     "small_lm_confident": lambda target, other, k, files: SmallLMDrafter(target, other, k=k,
                                                                          min_confidence=confidence_quantile(other)),
     "small_lm_int8": lambda target, other, k, files: SmallLMDrafter(target, other, k=k, quantize="int8"),

@@ -151,3 +151,44 @@ def test_tree_pass_gives_each_nodes_path_logits_and_keeps_the_accepted_path(targ
                 committed[b] += [int(tokens[b, 0])] + [int(tokens[b, i + 1]) for i in paths[b]]
             assert kv.n_valid.tolist() == [len(c) for c in committed]
             assert_next_token_is_fresh(target, model, kv, committed, g)
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_a_tree_grown_a_level_per_call_sees_its_ancestors_and_keeps_the_accepted_path(target, setup):
+    """A draft's own tree (forward_nodes): nodes appended in several calls, each seeing the committed
+    tokens and its ancestors among the nodes appended before, give a fresh forward's logits of their
+    paths; keep_path then leaves the cache as if only the accepted path had been appended."""
+    g = torch.Generator().manual_seed(2)
+    V = target.vocab_size
+    model, kv, committed = prefilled(target, setup)
+    with torch.no_grad():
+        for _round in range(3):
+            tip = torch.randint(2, V, (3, 1), generator=g)
+            kv.forward(model, tip)
+            for b in range(3):
+                committed[b].append(int(tip[b]))
+            tip_position = kv.n_valid[:, None] - 1
+            parents = torch.zeros(3, 0, dtype=torch.long)
+            tokens = torch.zeros(3, 0, dtype=torch.long)
+            for _level in range(3):
+                n, e = parents.shape[1], int(torch.randint(1, 4, (1,), generator=g))
+                new_parents = torch.randint(-1, n, (3, e), generator=g) if n else torch.full((3, e), -1)
+                parents, tokens = torch.cat([parents, new_parents], 1), torch.cat(
+                    [tokens, torch.randint(2, V, (3, e), generator=g)], 1)
+                paths = [[root_path(parents[b].tolist(), i) for i in range(n + e)] for b in range(3)]
+                seen = torch.tensor([[[j in paths[b][i] for j in range(n + e)] for i in range(n, n + e)] for b in range(3)])
+                positions = tip_position + torch.tensor([[len(paths[b][i]) for i in range(n, n + e)] for b in range(3)])
+                logits = kv.forward_nodes(model, tokens[:, n:], positions, seen, logits_to_keep=e)  # [3, e, V]
+                for b in range(3):
+                    for i in range(n, n + e):
+                        fresh = target.model(torch.tensor([committed[b] + tokens[b, paths[b][i]].tolist()])).logits[0, -1]
+                        torch.testing.assert_close(logits[b, i - n], fresh, rtol=1e-9, atol=1e-9)
+            N = parents.shape[1]
+            accepted = [root_path(parents[b].tolist(), int(torch.randint(-1, N, (1,), generator=g))) for b in range(3)]
+            D = max(map(len, accepted))
+            path = torch.tensor([p + [-1] * (D - len(p)) for p in accepted], dtype=torch.long).reshape(3, D)
+            kv.keep_path(path, torch.tensor([len(p) for p in accepted]), N)
+            for b in range(3):
+                committed[b] += tokens[b, accepted[b]].tolist()
+            assert kv.n_valid.tolist() == [len(c) for c in committed]
+            assert_next_token_is_fresh(target, model, kv, committed, g)

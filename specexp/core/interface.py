@@ -42,6 +42,8 @@ class Proposal:
     # [B, K] long or None (a chain): the tokens form a tree, token i under token parents[i] (-1: the
     # committed tip; else an earlier index); a chain is the tree whose token i hangs under i - 1
     parents: torch.Tensor | None = None
+    # [B, D] long, filled in by the engine after verification: the accepted nodes in order (-1 past them)
+    accepted_path: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, batch_size: int, vocab_size: int, device: torch.device) -> "Proposal":

@@ -25,12 +25,18 @@ from transformers import DynamicCache, PreTrainedModel
 from specexp.core.tree import tree_mask, tree_positions
 
 
+def region_mask(slot_valid: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """The 4-D mask [B, 1, T, L] of T queries that see every valid slot before a tree region (the
+    last R slots of slot_valid [B, L]) and, within it, the slots ``seen`` [B, T, R] says."""
+    T, R = seen.shape[1:]
+    before = slot_valid[:, None, : -R].bool().expand(-1, T, -1)  # [B, T, L-R]
+    return torch.cat([before, seen], dim=-1)[:, None]
+
+
 def block_mask(slot_valid: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     """The 4-D mask of a tree pass [B, 1, N+1, L]: every valid slot before the block, then the tree
     within it (the block's N+1 slots are the last of slot_valid [B, L])."""
-    T = parents.shape[1] + 1
-    before = slot_valid[:, None, : -T].bool().expand(-1, T, -1)  # [B, T, L-T]
-    return torch.cat([before, tree_mask(parents)], dim=-1)[:, None]
+    return region_mask(slot_valid, tree_mask(parents))
 
 
 def in_place(path: torch.Tensor) -> bool:
@@ -74,25 +80,30 @@ class RaggedKV:
             input_mask = torch.ones_like(input_ids)
         n_valid = self.n_valid
         positions = self.extend(input_mask)
+        if parents is None or not parents.shape[1]:  # a tree of no nodes is the tip alone
+            return self._call(model, input_ids, positions, None, logits_to_keep)
+        return self._call(model, input_ids, tree_positions(n_valid, parents), block_mask(self.mask, parents),
+                          logits_to_keep)
+
+    def forward_nodes(self, model, input_ids: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor,
+                      logits_to_keep: int = 1) -> torch.Tensor:
+        """Append T tree nodes per row ([B, T] ids at ``positions``) that see the valid slots before a
+        tree region and, within it (the last R slots once they are appended), ``seen`` [B, T, R];
+        returns the logits of the last ``logits_to_keep`` [B, n, V]. A draft grows its own token
+        tree this way, a level per call."""
+        self.extend(torch.ones_like(input_ids))
+        return self._call(model, input_ids, positions, region_mask(self.mask, seen), logits_to_keep)
+
+    def _call(self, model, input_ids, positions, allowed: torch.Tensor | None, logits_to_keep: int) -> torch.Tensor:
         attention_mask, tree = self.mask, {}
-        if parents is not None and parents.shape[1]:  # a tree of no nodes is the tip alone
-            positions = tree_positions(n_valid, parents)
-            allowed = block_mask(self.mask, parents)
+        if allowed is not None:
             if getattr(model, "takes_block_mask", False):  # the lean decoder
                 tree = {"mask": allowed}
             else:  # transformers takes a 4-D additive mask as it is
                 attention_mask = torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device).masked_fill(
                     ~allowed, torch.finfo(model.dtype).min)
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            **tree,
-        )
-        return out.logits
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=self.cache,
+                     use_cache=True, logits_to_keep=logits_to_keep, **tree).logits
 
     def extend(self, input_mask: torch.Tensor) -> torch.Tensor:
         """Book T new slots per row ([B, T] mask, 0 = padding); returns their position ids [B, T].
@@ -221,6 +232,13 @@ class StaticRaggedKV:
                          logits_to_keep=logits_to_keep).logits
         return model(input_ids=input_ids, attention_mask=self.mask, position_ids=tree_positions(n_valid, parents),
                      cache=self, logits_to_keep=logits_to_keep, mask=block_mask(self.mask, parents)).logits
+
+    def forward_nodes(self, model, input_ids: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor,
+                      logits_to_keep: int = 1) -> torch.Tensor:
+        """Append T tree nodes per row as `RaggedKV.forward_nodes` does."""
+        self.extend(torch.ones_like(input_ids))
+        return model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions, cache=self,
+                     logits_to_keep=logits_to_keep, mask=region_mask(self.mask, seen)).logits
 
     def drop_last(self, n_drop: torch.Tensor) -> None:
         """Invalidate the last ``n_drop[b]`` valid tokens of each row b ([B] long)."""

@@ -8,6 +8,7 @@ import torch
 from specexp.core.interface import Context, Proposal
 from specexp.core.sampling import SamplingConfig, sample
 from specexp.drafts.base import check_k, check_min_confidence, warp_distribution
+from specexp.drafts.dynamic_tree import check_tree, grow_tree
 from specexp.models import LoadedModel
 from specexp.ngram.cached import cached_lm, require_corpus
 from specexp.ngram.corpus import check_fingerprint
@@ -21,15 +22,19 @@ class NgramLMDrafter:
     sampling each token is drawn from the warped q that the verifier receives. A row stops
     drafting once the LM's own top probability falls below ``min_confidence``: an
     adaptive draft length decided before verification, so exactness is untouched.
+
+    ``branches`` > 1 drafts a dynamic tree of K nodes instead (`drafts/dynamic_tree.py`): the top
+    (greedy) or sampled-without-replacement continuations of the most probable nodes, level by level.
     """
 
     def __init__(self, target: LoadedModel, path: str | None = None, k: int = 4, min_confidence: float = 0.0,
-                 order: int = 5, corpus: Mapping | None = None):
+                 order: int = 5, corpus: Mapping | None = None, branches: int = 1, depth: int | None = None):
         """path: an LM file from `python -m specexp.ngram lm`; None builds an order-``order`` LM of
         ``corpus`` (corpus_documents' arguments) once into the cache."""
         check_k(k)
         check_min_confidence(min_confidence)
-        self.k, self.min_confidence = k, min_confidence
+        check_tree(branches, depth, min_confidence)
+        self.k, self.min_confidence, self.branches, self.depth = k, min_confidence, branches, depth
         if path is None:
             path = cached_lm(target, order, require_corpus(corpus))
         self.lm = KneserNeyLM.load(path)
@@ -42,6 +47,8 @@ class NgramLMDrafter:
         device, n = ctx.tokens.device, self.lm.order - 1
         tokens, start, lengths = ctx.tokens.cpu(), ctx.start.tolist(), ctx.lengths.tolist()
         contexts = [tokens[b, max(start[b], lengths[b] - n) : lengths[b]].tolist() for b in range(len(start))]
+        if self.branches > 1:
+            return self._propose_tree(contexts, sampling, generator, device)
         drafted, probs = [], []
         confident = ~ctx.done  # [B]: rows still drafting
         n_proposed = torch.zeros_like(ctx.lengths)
@@ -59,6 +66,31 @@ class NgramLMDrafter:
         if not drafted:
             return Proposal.empty(len(contexts), self.lm.vocab_size, device)
         return Proposal(tokens=torch.stack(drafted, 1), probs=torch.stack(probs, 1), n_proposed=n_proposed)
+
+    def _distributions(self, contexts: list[list[int]], sampling: SamplingConfig,
+                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contexts -> P_KN [n, V] and its warp q [n, V]."""
+        raw = torch.from_numpy(np.stack([self.lm.distribution(c) for c in contexts])).float().to(device)
+        return raw, warp_distribution(raw, sampling)
+
+    def _propose_tree(self, contexts: list[list[int]], sampling: SamplingConfig, generator: torch.Generator | None,
+                      device: torch.device) -> Proposal:
+        n = self.lm.order - 1
+        node_contexts = [{-1: c} for c in contexts]  # per row: node -> its last n tokens
+
+        def expand(nodes, tokens, parents, depth):  # [B, e] each
+            for row, node_row, token_row, parent_row in zip(node_contexts, nodes.tolist(), tokens.tolist(),
+                                                            parents.tolist(), strict=True):
+                for node, token, parent in zip(node_row, token_row, parent_row, strict=True):
+                    row[node] = (row[parent] + [token])[-n:] if n else []
+            flat = [row[node] for row, node_row in zip(node_contexts, nodes.tolist(), strict=True) for node in node_row]
+            raw, q = self._distributions(flat, sampling, device)
+            return raw.view(*nodes.shape, -1), q.view(*nodes.shape, -1)
+
+        root_raw, root_q = self._distributions(contexts, sampling, device)
+        tree = grow_tree(root_raw, root_q, expand, self.branches, self.k, self.depth, sampling, generator)
+        n_proposed = torch.full((len(contexts),), tree.tokens.shape[1], dtype=torch.long, device=device)
+        return Proposal(tokens=tree.tokens, probs=tree.probs, n_proposed=n_proposed, parents=tree.parents)
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         pass

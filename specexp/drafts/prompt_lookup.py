@@ -11,8 +11,8 @@ a token is not free (on a CPU a target pass over 5 tokens costs ~1.6x one over 1
 
 With ``branches`` > 1 the draft is a token tree of K nodes: the continuations of up to that
 many earlier occurrences that differ (the longest match's first, then shorter matches'), each of
-up to K - branches + 1 tokens, their common prefixes shared; the best one is followed in full
-and the rest branch off it while nodes are left.
+up to K - branches + 1 tokens (or ``depth``), their common prefixes shared; the best one is
+followed in full and the rest branch off it while nodes are left.
 """
 
 from collections.abc import Sequence
@@ -23,6 +23,7 @@ from specexp.core.interface import Context, Proposal
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.base import check_k, committed_tokens, one_hot_proposal, one_hot_tree_proposal, trie
 from specexp.drafts.context_index import ContextIndex
+from specexp.drafts.dynamic_tree import check_tree
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
@@ -46,12 +47,9 @@ def cap_continuation(continuation: list[int], n: int, caps: Sequence[int], k: in
 
 class PromptLookupDrafter:
     def __init__(self, target: LoadedModel, k: int = 4, max_n: int = 3, min_n: int = 1, choice: str = "first",
-                 max_tokens_after_match: Sequence[int] | None = None, branches: int = 1):
+                 max_tokens_after_match: Sequence[int] | None = None, branches: int = 1, depth: int | None = None):
         check_k(k)
-        if branches < 1:
-            raise UserInputError(f"draft.branches={branches} is not allowed; give 1 (a chain) or more (a token tree)")
-        if branches > k:
-            raise UserInputError(f"draft.branches={branches} needs draft.k >= {branches} nodes (draft.k={k})")
+        check_tree(branches, depth)
         if not 1 <= min_n <= max_n:
             raise UserInputError(f"prompt lookup needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         if choice not in CHOICES:
@@ -59,7 +57,7 @@ class PromptLookupDrafter:
         if max_tokens_after_match is None:
             max_tokens_after_match = DEFAULT_CAPS[:max_n]
         self.caps = check_caps(max_tokens_after_match, max_n)
-        self.k, self.max_n, self.min_n, self.choice, self.branches = k, max_n, min_n, choice, branches
+        self.k, self.max_n, self.min_n, self.choice, self.branches, self.depth = k, max_n, min_n, choice, branches, depth
         self.groups = max_n + 1  # proposals are grouped by match length 0..max_n (draft.k=auto keeps what pays)
         self.vocab_size = target.vocab_size  # q lives on the target's vocabulary
         self.indexes: list[ContextIndex] = []
@@ -76,7 +74,8 @@ class PromptLookupDrafter:
             proposal = one_hot_proposal(found, self.vocab_size, ctx.tokens.device)
             longest = [n for n, _ in matches]
         else:
-            depth = self.k - self.branches + 1  # the first continuation leaves a node for each other one
+            depth = max(self.k - self.branches + 1, 1)  # the first continuation leaves a node for each other one
+            depth = depth if self.depth is None else min(depth, self.depth)
             rows = [[] if done[b] else index.continuations(depth, self.choice, self.branches)
                     for b, index in enumerate(self.indexes)]
             trees = [trie([cap_continuation(c, n, self.caps, self.k) for n, c in row], self.k) for row in rows]

@@ -7,9 +7,10 @@ import torch
 
 from specexp.core.interface import Context, Proposal
 from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
-from specexp.core.sampling import SamplingConfig
+from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import DraftVocab, sample_draft
 from specexp.drafts.base import check_k, check_min_confidence
+from specexp.drafts.dynamic_tree import check_tree, grow_tree
 from specexp.drafts.quantize import quantize_linears
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, first_layers, load_model
@@ -66,16 +67,23 @@ class SmallLMDrafter:
     ``quantize="int8"`` runs the draft with int8 weights (CPU; `drafts/quantize.py`): a cheaper
     draft step, still exact.
 
+    ``branches`` > 1 drafts an EAGLE-2-style dynamic tree of K nodes (`drafts/dynamic_tree.py`) of
+    at most ``depth`` levels: each level is one draft step over the expanded nodes, which see their
+    ancestors through a tree mask on the draft's own cache; after verification the accepted path's
+    entries are moved into place and the rest dropped.
+
     Cache invariant between rounds: the draft cache holds a prefix of each row's committed
     tokens (none before its first proposal of a batch); the rest is fed at the start of the next
     propose.
     """
 
     def __init__(self, target: LoadedModel, model: str | LoadedModel, k: int = 4, dtype: str = "auto",
-                 device: str | None = None, min_confidence: float = 0.0, quantize: str | None = None):
+                 device: str | None = None, min_confidence: float = 0.0, quantize: str | None = None,
+                 branches: int = 1, depth: int | None = None):
         check_k(k)
         check_min_confidence(min_confidence)
-        self.k, self.min_confidence = k, min_confidence
+        check_tree(branches, depth, min_confidence)
+        self.k, self.min_confidence, self.branches, self.depth = k, min_confidence, branches, depth
         if isinstance(model, str):
             model = load_model(model, dtype=dtype, device=device or str(target.model.device))
         check_same_vocabulary(model, target)
@@ -89,6 +97,7 @@ class SmallLMDrafter:
         self.kv: RaggedKV | StaticRaggedKV | None = None
         self.filled = False  # the cache holds the batch's committed tokens (filled at its first proposal)
         self.n_fed = 0  # drafted tokens the last propose put into the cache (update rewinds them)
+        self.node_slots: torch.Tensor | None = None  # [B, N]: a tree node's slot after the tip in the cache, or -1
 
     def reset(self, ctx: Context) -> None:
         # The cache is filled at the first proposal: a batch whose rounds never ask the draft
@@ -121,16 +130,21 @@ class SmallLMDrafter:
         proposable = logits if self.draft_vocab is None else logits[:, : self.draft_vocab.size]  # [B, V or N]
         return x, q, top_probability(proposable) >= self.min_confidence
 
-    @torch.inference_mode()
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def _feed_pending(self, ctx: Context) -> torch.Tensor:
+        """Feed every row the same number T of uncached committed tokens: rows with fewer pending
+        ones first give back their newest cached tokens (one host sync). Returns them [B, T]."""
         if not self.filled:
             self._fill(ctx)
-        # Feed every row the same number T of uncached committed tokens: rows with fewer
-        # pending ones first give back their newest cached tokens (one host sync).
         pending = (ctx.lengths - ctx.start) - self.kv.n_valid  # [B] committed tokens not yet cached
         T = int(pending.max())
         self.kv.drop_last(T - pending)
-        feed = ctx.tokens.gather(1, ctx.lengths[:, None] - T + torch.arange(T, device=ctx.tokens.device))  # [B, T]
+        return ctx.tokens.gather(1, ctx.lengths[:, None] - T + torch.arange(T, device=ctx.tokens.device))  # [B, T]
+
+    @torch.inference_mode()
+    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+        feed = self._feed_pending(ctx)
+        if self.branches > 1:
+            return self._propose_tree(ctx, feed, sampling, generator)
         tokens, probs = [], []
         drafting = torch.ones_like(ctx.done)  # [B]: rows that have not stopped
         n_proposed = torch.zeros_like(ctx.lengths)
@@ -150,25 +164,64 @@ class SmallLMDrafter:
             return Proposal.empty(ctx.tokens.shape[0], self.vocab_size, ctx.tokens.device)
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), n_proposed=n_proposed)  # [B, K'], K' <= K
 
+    def _target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., V_d] -> [..., V] in the target's ids, -inf for tokens it cannot propose."""
+        return align_vocab(logits, self.vocab_size) if self.draft_vocab is None else self.draft_vocab.to_target_logits(logits)
+
+    def _propose_tree(self, ctx: Context, feed: torch.Tensor, sampling: SamplingConfig,
+                      generator: torch.Generator | None) -> Proposal:
+        B, device = feed.shape[0], feed.device
+        root = self._target_logits(self.kv.forward(self.forward_model, self._draft_ids(feed))[:, -1])  # [B, V]
+        tip_position = self.kv.n_valid[:, None] - 1  # [B, 1]: the tip is the last token fed
+        seen = torch.zeros(B, 0, 0, dtype=torch.bool, device=device)  # [B, F, F]: fed nodes' ancestors among them
+        slots = torch.full((B, self.k), -1, dtype=torch.long, device=device)  # node -> slot after the tip
+
+        def expand(nodes, tokens, parents, depth):  # nodes, tokens, parents [B, e]
+            nonlocal seen
+            F, e = seen.shape[1], nodes.shape[1]
+            above = seen.gather(1, slots.gather(1, parents.clamp_min(0))[..., None].clamp_min(0).expand(-1, -1, F))
+            above = above & (parents >= 0)[..., None]  # [B, e, F]: a root child sees no fed node
+            seen = torch.cat([torch.cat([seen, torch.zeros(B, F, e, dtype=torch.bool, device=device)], 2),
+                              torch.cat([above, torch.eye(e, dtype=torch.bool, device=device).expand(B, -1, -1)], 2)], 1)
+            slots.scatter_(1, nodes, F + torch.arange(e, device=device).expand(B, -1))
+            positions = (tip_position + depth).expand(-1, e)
+            logits = self.kv.forward_nodes(self.forward_model, self._draft_ids(tokens), positions, seen[:, F:],
+                                           logits_to_keep=e)
+            logits = self._target_logits(logits)  # [B, e, V]
+            return logits.float().softmax(-1), logits_to_probs(logits, sampling)
+
+        tree = grow_tree(root.float().softmax(-1), logits_to_probs(root, sampling), expand, self.branches, self.k,
+                         self.depth, sampling, generator)
+        self.node_slots, self.n_fed = slots[:, : tree.tokens.shape[1]], seen.shape[1]
+        n_proposed = torch.full((B,), tree.tokens.shape[1], dtype=torch.long, device=device)
+        return Proposal(tokens=tree.tokens, probs=tree.probs, n_proposed=n_proposed, parents=tree.parents)
+
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
+        if proposal.parents is not None:  # a tree: the accepted path's expanded nodes move after the tip
+            path = proposal.accepted_path  # [B, D]
+            slots = torch.where(path >= 0, self.node_slots.gather(1, path.clamp_min(0)), -1)  # [B, D]
+            self.kv.keep_path(slots, (slots >= 0).sum(1), self.n_fed)  # expanded nodes are a prefix of the path
+            return
         # The cache took x_1..x_fed; keep the accepted ones, the rest of the round is fed next time.
         self.kv.drop_last(self.n_fed - n_accepted.clamp(max=self.n_fed))
 
 
 def target_prefix_drafter(target: LoadedModel, n_layers: int = 4, k: int = 4, min_confidence: float = 0.0,
-                          quantize: str | None = None) -> SmallLMDrafter:
+                          quantize: str | None = None, branches: int = 1, depth: int | None = None) -> SmallLMDrafter:
     """A small_lm draft that needs no download: a copy of the target's first n layers + its head."""
-    return SmallLMDrafter(target, first_layers(target, n_layers), k=k, min_confidence=min_confidence, quantize=quantize)
+    return SmallLMDrafter(target, first_layers(target, n_layers), k=k, min_confidence=min_confidence, quantize=quantize,
+                          branches=branches, depth=depth)
 
 
 DISTILLED_DRAFT = Path(__file__).resolve().parent.parent / "assets" / "distilled-smollm2-135m"
 
 
 def distilled_drafter(target: LoadedModel, k: int = 1, dtype: str = "float32", device: str | None = None,
-                      min_confidence: float = 0.0, quantize: str | None = "auto") -> SmallLMDrafter:
+                      min_confidence: float = 0.0, quantize: str | None = "auto", branches: int = 1,
+                      depth: int | None = None) -> SmallLMDrafter:
     """The draft distilled for the embedded default target that ships with specexp
     (`python -m specexp.distill experiment=distill_smollm2_tasks` reproduces it)."""
     if not (DISTILLED_DRAFT / "config.json").is_file():
         raise UserInputError(f"the shipped distilled draft is missing from {DISTILLED_DRAFT}; reinstall specexp")
     return SmallLMDrafter(target, str(DISTILLED_DRAFT), k=k, dtype=dtype, device=device, min_confidence=min_confidence,
-                          quantize=quantize)
+                          quantize=quantize, branches=branches, depth=depth)
