@@ -123,7 +123,7 @@ def per_prompt_table(jobs: pd.DataFrame) -> pd.DataFrame:
             ar_rate = metrics.safe_ratio(ar["emitted"].sum(), ar["seconds"].sum())
             rows.append({"draft": job.draft, "k": job.k, "temperature": job.temperature, "batch_size": job.batch_size,
                          "prompt_id": prompt_id, "category": r["category"].iloc[0],
-                         "alpha": metrics.alpha(spec["proposed"].to_numpy(), spec["accepted"].to_numpy()),
+                         "alpha": metrics.alpha(metrics.positions(spec), spec["accepted"].to_numpy()),
                          "tau": metrics.tau(spec["emitted"].to_numpy()),
                          "speedup": metrics.safe_ratio(spec_rate, ar_rate) if spec_rate and ar_rate else None})
     return pd.DataFrame(rows)
@@ -136,7 +136,7 @@ def acceptance_by_position(jobs: pd.DataFrame) -> pd.DataFrame:
         rounds = pd.read_parquet(Path(job.path) / "rounds.parquet")
         spec = rounds[rounds["mode"] == "spec"]
         for prompt_id, r in spec.groupby("prompt_id"):
-            curve = metrics.acceptance_curve(r["proposed"].to_numpy(), r["accepted"].to_numpy(), int(job.k_max))
+            curve = metrics.acceptance_curve(metrics.positions(r), r["accepted"].to_numpy(), int(job.k_max))
             rows += [{"draft": job.draft, "k": job.k, "prompt_id": prompt_id, "position": i + 1, "acceptance": a}
                      for i, a in enumerate(curve) if a is not None]
     return pd.DataFrame(rows)

@@ -2,8 +2,9 @@
 
 Inputs are per-(prompt, round) arrays of the speculative run, restricted to rounds in
 which the prompt was still generating:
-  proposed  draft tokens put to the target that round
-  accepted  of those, accepted by the rule (an accepted prefix)
+  proposed  draft tokens put to the target that round (a token tree's nodes)
+  depth     draft positions the proposal reaches (a chain's: proposed; a tree's: its depth)
+  accepted  of those, accepted by the rule (an accepted prefix; of a tree, the accepted path)
   emitted   tokens committed that round (accepted + one resampled/bonus token, cut at EOS/limit)
 """
 
@@ -34,6 +35,17 @@ def alpha(proposed: np.ndarray, accepted: np.ndarray) -> float | None:
     """
     looked_at = np.minimum(accepted + 1, proposed).sum()
     return float(accepted.sum() / looked_at) if looked_at else None
+
+
+def positions(rounds) -> np.ndarray:
+    """A round table's draft positions per (prompt, round): its tree depth, or for tables written
+    before trees, the tokens proposed (the same for a chain)."""
+    return (rounds["depth"] if "depth" in rounds else rounds["proposed"]).to_numpy()
+
+
+def accepted_length_histogram(accepted: np.ndarray, k: int) -> list[int]:
+    """How many (prompt, round)s accepted 0, 1, ..., k draft tokens."""
+    return np.bincount(np.asarray(accepted, dtype=int), minlength=k + 1)[: k + 1].tolist()
 
 
 def drafted_acceptance_rate(proposed: np.ndarray, accepted: np.ndarray) -> float | None:

@@ -132,7 +132,8 @@ def round_table(out: GenerationOutput, prompts: list[Prompt], mode: str, batch: 
         "k_chosen": np.asarray(out.k_chosen, dtype=int)[r] if out.k_chosen else 0,  # K asked of the draft that round
         "k_round": out.n_proposed.max(1).values.numpy()[r],  # tokens the target verified that round
         "context": np.asarray(out.context, dtype=int)[r] if out.context else 0,  # committed tokens of the longest row
-        "proposed": out.n_proposed.numpy()[r, b],
+        "proposed": out.n_proposed.numpy()[r, b],  # a tree's nodes
+        "depth": out.depth.numpy()[r, b],  # the proposal's depth (a chain's: proposed)
         "accepted": out.n_accepted.numpy()[r, b],
         "emitted": out.n_emitted.numpy()[r, b],
         "group": out.group.numpy()[r, b] if out.group is not None else 0,  # prompt lookup: the match length
@@ -159,7 +160,8 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
     drafted_positions = spec_rounds["k_round"].sum()
     # c: draft seconds per drafted position / seconds of one AR target step.
     c = metrics.safe_ratio(spec_rounds["draft_s"].sum() / max(drafted_positions, 1), ar_step_s) if drafted_positions else None
-    a = metrics.alpha(spec["proposed"].to_numpy(), spec["accepted"].to_numpy())
+    depth, accepted = metrics.positions(spec), spec["accepted"].to_numpy()  # a tree's positions are its depths
+    a = metrics.alpha(depth, accepted)
     tps_spec = metrics.safe_ratio(spec_b["tokens"].sum(), spec_b["total_s"].sum())  # tokens/s, prefill included
     tps_ar = metrics.safe_ratio(ar_b["tokens"].sum(), ar_b["total_s"].sum())
     # speedup: spec tokens/s over AR tokens/s on the same prompts; under greedy both emit the
@@ -167,15 +169,18 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
     speedup = metrics.safe_ratio(tps_spec, tps_ar) if tps_ar else None
     k_chosen = spec_rounds["k_chosen"] if "k_chosen" in spec_rounds else pd.Series([k] * len(spec_rounds))
     mean_k = float(k_chosen.mean()) if len(spec_rounds) else float(k)
-    curve = metrics.acceptance_curve(spec["proposed"].to_numpy(), spec["accepted"].to_numpy(), k)
+    curve = metrics.acceptance_curve(depth, accepted, k)
     predicted = {"predicted_speedup": None}
     if profile is not None and draft in profile.drafts and len(spec) and len(ar):
         predicted = cost_model.predict_run(spec, ar, batches, k, profile, draft) | {"profile": profile.path}
     summary = {
-        "alpha": a,
-        "drafted_acceptance_rate": metrics.drafted_acceptance_rate(spec["proposed"].to_numpy(), spec["accepted"].to_numpy()),
-        "acceptance_curve": curve,
+        "alpha": a,  # per draft position (a tree's: per depth along the accepted path)
+        # accepted / proposed draft tokens (a tree's: accepted path / nodes)
+        "drafted_acceptance_rate": metrics.drafted_acceptance_rate(spec["proposed"].to_numpy(), accepted),
+        "acceptance_curve": curve,  # P(position/depth i accepted | earlier ones accepted), i = 1..k
+        "accepted_length_histogram": metrics.accepted_length_histogram(accepted, k),  # rounds accepting 0..k
         "tau": metrics.tau(spec["emitted"].to_numpy()),
+        "nodes_per_pass": float(spec["proposed"].mean()) if len(spec) else None,  # draft tokens verified per row
         "k": k,
         "mean_k": mean_k,  # K asked of the draft per round (k itself unless draft.k=auto/heuristic)
         "tokens_per_s_spec": tps_spec,
@@ -209,7 +214,7 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
             cat_tps_ar = metrics.safe_ratio(ab["tokens"].sum(), ab["total_s"].sum())
             cat_tps_spec = metrics.safe_ratio(sb["tokens"].sum(), sb["total_s"].sum())
             summary["per_category"][cat] = {
-                "alpha": metrics.alpha(s["proposed"].to_numpy(), s["accepted"].to_numpy()),
+                "alpha": metrics.alpha(metrics.positions(s), s["accepted"].to_numpy()),
                 "tau": metrics.tau(s["emitted"].to_numpy()),
                 # Only exact when batches never mix categories.
                 "speedup": metrics.safe_ratio(cat_tps_spec, cat_tps_ar) if cat_tps_ar and batches_by_category else None,

@@ -139,6 +139,8 @@ class WandbTracker:
             self.run.summary["time_split"] = summary.get("time_split")
             curve = wandb.Table(columns=["position", "acceptance"],
                                 data=[[i + 1, a] for i, a in enumerate(summary["acceptance_curve"]) if a is not None])
+            lengths = wandb.Table(columns=["accepted", "rounds"],
+                                  data=[[n, count] for n, count in enumerate(summary.get("accepted_length_histogram", []))])
             per_category = wandb.Table(columns=["category", "alpha", "tau", "speedup"], data=[
                 [cat, v["alpha"], v["tau"], v["speedup"]] for cat, v in (summary.get("per_category") or {}).items()])
             sample = rounds.sample(min(len(rounds), self.max_table_rows), random_state=0) if len(rounds) else rounds
@@ -152,6 +154,9 @@ class WandbTracker:
                 "acceptance_curve": curve,
                 "acceptance_curve_plot": wandb.plot.line(curve, "position", "acceptance",
                                                          title="P(accept position i | earlier accepted)"),
+                "accepted_lengths": lengths,
+                "accepted_length_plot": wandb.plot.bar(lengths, "accepted", "rounds",
+                                                       title="rounds by draft tokens accepted (a tree's: path depth)"),
                 "per_category": per_category,
                 "speedup_per_category": wandb.plot.bar(per_category, "category", "speedup", title="speedup per category"),
                 "rounds_sample": wandb.Table(dataframe=sample),

@@ -16,7 +16,7 @@ from specexp.core.interface import Context, Drafter, Proposal, SharesTargetPass
 from specexp.core.k_policy import KPolicy
 from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
-from specexp.core.tree import chain_parents
+from specexp.core.tree import chain_parents, proposal_depth
 from specexp.core.verify import tree_verify
 
 
@@ -28,10 +28,11 @@ class GenerationOutput:
     """
 
     tokens: list[list[int]]  # generated ids per row (prompt excluded, EOS included if hit)
-    n_proposed: torch.Tensor  # [R, B] draft tokens put to the target
+    n_proposed: torch.Tensor  # [R, B] draft tokens put to the target (a tree's nodes)
     n_accepted: torch.Tensor  # [R, B] of those, accepted by the rule
     n_emitted: torch.Tensor  # [R, B] tokens committed (accepted + resampled/bonus, cut at EOS/limit)
     active: torch.Tensor  # [R, B] bool: row still generating in that round
+    depth: torch.Tensor | None = None  # [R, B] the proposal's depth (a chain's: n_proposed)
     group: torch.Tensor | None = None  # [R, B] long: the proposal's group (prompt lookup: its match length; else 0)
     k_chosen: list[int] = field(default_factory=list)  # [R] K asked of the draft (0: no draft that round)
     context: list[int] = field(default_factory=list)  # [R] committed tokens of the longest row (what the pass attends to)
@@ -144,7 +145,8 @@ def generate(
     prefill_s = clock() - start_time
 
     out = GenerationOutput(tokens=[], n_proposed=None, n_accepted=None, n_emitted=None, active=None)
-    logs: dict[str, list[torch.Tensor]] = {"n_proposed": [], "n_accepted": [], "n_emitted": [], "active": [], "group": []}
+    logs: dict[str, list[torch.Tensor]] = {"n_proposed": [], "depth": [], "n_accepted": [], "n_emitted": [], "active": [],
+                                           "group": []}
     while not bool(ctx.done.all()):  # the round's host sync
         t0 = clock()
         out.context.append(int(ctx.lengths.max()))
@@ -175,6 +177,7 @@ def generate(
         # 3. Verify: the accepted path [B, D] through the tree (a chain's: 0..n-1).
         parents = proposal.parents if proposal.parents is not None else chain_parents(B, K, device)
         path, n_accepted, next_token = tree_verify(proposal.tokens, parents, proposal.probs, target_probs, generator)
+        proposal.accepted_path = path
 
         # 4. Commit the path's tokens x_1..x_n then next_token.
         active = ~ctx.done
@@ -190,7 +193,8 @@ def generate(
             k_policy.observe(proposal, n_accepted, active)
         tip = next_token
         group = proposal.group if proposal.group is not None else torch.zeros_like(n_accepted)
-        for name, value in (("n_proposed", proposal.n_proposed), ("n_accepted", n_accepted),
+        depth = proposal_depth(proposal.tokens, proposal.probs, proposal.n_proposed, proposal.parents)
+        for name, value in (("n_proposed", proposal.n_proposed), ("depth", depth), ("n_accepted", n_accepted),
                             ("n_emitted", n_emit), ("active", active), ("group", group)):
             logs[name].append(value)
         t3 = clock()

@@ -38,3 +38,13 @@ def tree_positions(n_valid: torch.Tensor, parents: torch.Tensor) -> torch.Tensor
     depth = torch.cat([torch.zeros_like(parents[:, :1]), tree_depths(parents)], dim=1)
     return n_valid[:, None] + depth
 
+
+
+def proposal_depth(tokens: torch.Tensor, probs: torch.Tensor, n_proposed: torch.Tensor,
+                   parents: torch.Tensor | None) -> torch.Tensor:
+    """Depth of each row's proposal [B]: a chain's is its length; a tree's, its deepest node that
+    is proposed (q of its own token > 0; padding nodes have none)."""
+    if parents is None or not parents.shape[1]:
+        return n_proposed
+    proposed = probs.gather(2, tokens[..., None]).squeeze(2) > 0  # [B, N]
+    return torch.where(proposed, tree_depths(parents), 0).max(1).values
