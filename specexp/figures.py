@@ -39,6 +39,8 @@ def study_jobs(paths: list[Path]) -> pd.DataFrame:
     table["k"] = pd.to_numeric(table["cfg.draft.k"], errors="coerce")  # NaN where a policy chose K
     table["temperature"] = table["cfg.sampling.temperature"].astype(float)
     table["batch_size"] = table["cfg.batch_size"].astype(int)
+    # children per expanded node (1: a chain; drafts without trees are chains)
+    table["branches"] = pd.to_numeric(table.get("cfg.draft.branches", 1), errors="coerce").fillna(1).astype(int)
     mean_k = table["mean_k"] if "mean_k" in table else table["k"]
     table["alpha_equivalent"] = [cost_model.equivalent_alpha(tau, k) if pd.notna(tau) and pd.notna(k) and k > 0 else None
                                  for tau, k in zip(table["tau"], mean_k.fillna(table["k"]), strict=True)]
@@ -172,6 +174,9 @@ def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[
                                    lambda: plots.acceptance_curve(acceptance_by_position(jobs)), no_jobs)),
         ("speedup_vs_k", *when(ks >= 2, lambda: plots.speedup_vs_k(jobs, per_prompt_table(jobs), *model_curves(jobs)),
                                "needs a draft measured at 2 or more K (experiment=k_sweep)")),
+        ("tree_budget", *when(has_jobs and (jobs["branches"] > 1).any() and jobs["k"].nunique() >= 2,
+                              lambda: plots.tree_budget(jobs),
+                              "needs token trees (draft.branches > 1) at 2 or more node budgets (experiment=tree_sweep)")),
         ("cost_quality_plane", *when(has_jobs and jobs["cost_ratio_c"].notna().any(),
                                      lambda: plots.cost_quality_plane(jobs, *plane_pricing(jobs)),
                                      no_jobs + " with a measured c")),

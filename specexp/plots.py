@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
 
 from specexp import metrics
 from specexp.cost_model import best_speedup_on
@@ -104,6 +105,31 @@ def speedup_vs_k(jobs: pd.DataFrame, prompts: pd.DataFrame | None = None, model:
     ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle=":")
     ax.set(xlabel="K (draft tokens per round; K chosen per round: its mean)", ylabel="speedup over AR")
     ax.legend(fontsize=4)
+    return fig
+
+
+def tree_budget(jobs: pd.DataFrame) -> Figure:
+    """Tokens per target pass (tau) and speedup against the node budget (draft.k: draft tokens one
+    pass verifies), a colour per draft and a line style per branching (1: a chain); beside each
+    measured speedup, dotted, the calibrated cost model's prediction for the same job."""
+    fig, axes = _figure(ncols=2, width=2 * COLUMN_WIDTH_IN)
+    fixed = jobs.dropna(subset=["k"]).sort_values("k")
+    palette = draft_palette(fixed["draft"])
+    for ax, metric, name in zip(axes, ("tau", "speedup"), (r"$\tau$ (tokens per target pass)", "speedup over AR"),
+                                strict=True):
+        sns.lineplot(data=fixed, x="k", y=metric, hue="draft", style="branches", markers=True, errorbar=None,
+                     palette=palette, ax=ax, legend=metric == "speedup")
+        ax.set(xlabel="node budget (draft tokens per pass)", ylabel=name, xscale="log", ylim=(0, None))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xticks(sorted(fixed["k"].unique()))
+    predicted = fixed.dropna(subset=["predicted_speedup"]) if "predicted_speedup" in fixed else fixed.iloc[:0]
+    labelled = False
+    for (draft, _), rows in predicted.groupby(["draft", "branches"]):
+        axes[1].plot(rows["k"], rows["predicted_speedup"], color=palette[draft], linestyle=":", linewidth=0.9,
+                     label="_" if labelled else "cost model (each job)")
+        labelled = True
+    axes[1].axhline(1.0, color="0.4", linewidth=0.8, linestyle=":")
+    axes[1].legend(fontsize=5)
     return fig
 
 

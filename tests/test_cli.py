@@ -100,7 +100,7 @@ def test_default_study_end_to_end(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
                 "predicted_speedup", "predicted_speedup_iid", "realized_over_predicted", "mean_k", "time_split",
-                "per_category", "greedy_match"):
+                "per_category", "greedy_match", "accepted_length_histogram", "nodes_per_pass"):
         assert key in summary, key
     assert summary["greedy_match"] == 1.0 and summary["k_policy"] == "auto"  # K chosen per round, up to k_max = 8
     assert len(summary["acceptance_curve"]) == 8 and summary["n_prompts"] == 2
@@ -110,6 +110,8 @@ def test_default_study_end_to_end(tmp_path):
     expected = {"prompt_id", "category", "round", "k", "k_chosen", "context", "group", "accepted", "emitted", "draft_s",
                 "target_s", "verify_s"}
     assert expected <= set(rounds.columns)
+    spec = rounds[rounds["mode"] == "spec"]
+    assert sum(summary["accepted_length_histogram"]) == len(spec) and (spec["depth"] == spec["proposed"]).all()
     answers = [json.loads(line) for line in (run_dir / "answers.jsonl").read_text().splitlines()]
     assert len(answers) == 2 and all(a["spec_tokens"] == a["ar_tokens"] and a["spec_text"] for a in answers)
     assert all(len(a["ar_tokens"]) <= 12 for a in answers)

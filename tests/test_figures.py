@@ -180,3 +180,19 @@ def test_wandb_jobs_maps_runs_to_the_job_table(monkeypatch):
     assert calls == [("me/specexp", {"group": "k_sweep"})]
     assert table.to_dict("records") == [{"draft": "prompt_lookup", "k": 4, "k_label": "4", "temperature": 0.0, "batch_size": 1,
                                          "alpha": 0.4, "speedup": 1.1}]
+
+
+def test_tree_budget_draws_tau_and_speedup_per_branching_with_the_models_prediction():
+    jobs = pd.DataFrame([{"draft": draft, "k": k, "branches": b, "tau": 1 + 0.1 * k * b, "speedup": 1 + 0.01 * k,
+                          "predicted_speedup": 1.02 + 0.01 * k}
+                         for draft in DRAFTS for k in (2, 4, 8) for b in (1, 2)])
+    fig = plots.tree_budget(jobs)
+    tau_ax, speed_ax = fig.axes[:2]
+    assert tau_ax.get_ylabel().startswith(r"$\tau$") and speed_ax.get_ylabel() == "speedup over AR"
+    measured = [line for line in tau_ax.lines if len(line.get_xdata()) == 3]
+    assert len(measured) == 4  # a line per (draft, branching)
+    assert sorted(measured[0].get_xdata()) == [2, 4, 8]
+    predicted = [line for line in speed_ax.lines if line.get_linestyle() == ":" and len(line.get_xdata()) == 3]
+    assert len(predicted) == 4 and "cost model (each job)" in legend_labels(speed_ax)
+    np.testing.assert_allclose(sorted(np.concatenate([line.get_ydata() for line in predicted])),
+                               sorted(jobs["predicted_speedup"]))

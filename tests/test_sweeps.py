@@ -139,6 +139,8 @@ def test_wandb_offline_run_is_written_and_read_back(tmp_path):
     assert [x for row in curve["data"] for x in row] == pytest.approx([x for row in expected for x in row])
     assert len(run["tables"]["samples"]["data"]) == 2
     assert set(run["tables"]) >= {"per_category", "rounds_sample", "samples"}
+    lengths = run["tables"]["accepted_lengths"]
+    assert lengths["data"] == [[n, count] for n, count in enumerate(summary["accepted_length_histogram"])]
 
 
 @pytest.mark.default_target
@@ -223,3 +225,31 @@ def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path)
     assert set(jobs["draft"]) == {"early_exit/untrained/shared", "early_exit/trained/shared"}
     ax = plots.effect_of(jobs, "exit_layer", "exit layer L").axes[0]
     assert sorted({x for line in ax.lines for x in line.get_xdata()}) == [6, 12, 18]
+
+
+@pytest.mark.default_target
+def test_smoke_tree_sweep_runs_records_depths_and_plots(tmp_path):
+    """experiment=tree_sweep size=smoke for the shipped distilled draft at two node budgets, as a
+    chain and as a 2-branch tree: every job decodes as the target, keeps its per-depth acceptance
+    and accepted-length histogram, and the figures command draws tree_budget."""
+    sweep = tmp_path / "tree_sweep"
+    out = run_cli("experiment=tree_sweep", "size=smoke", "draft=distilled", "draft.k=2,4", "draft.branches=1,2",
+                  f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("[done]") == 4
+    for job in sweep.glob("*/summary.json"):
+        summary = json.loads(job.read_text())
+        rounds = pd.read_parquet(job.parent / "rounds.parquet")
+        spec = rounds[rounds["mode"] == "spec"]
+        assert summary["greedy_match"] == 1.0
+        assert sum(summary["accepted_length_histogram"]) == len(spec)
+        assert summary["nodes_per_pass"] == pytest.approx(spec["proposed"].mean())
+        assert len(summary["acceptance_curve"]) == summary["k"]
+        branches = OmegaConf.load(job.parent / "config.yaml").draft.branches
+        if branches == 1:  # a chain: depth is the tokens proposed
+            assert (spec["depth"] == spec["proposed"]).all()
+        else:  # two root children, then at most two per level
+            assert (spec["depth"] <= spec["proposed"]).all() and (spec["depth"] < spec["proposed"]).any()
+    out = run_cli(str(sweep), "--out", str(tmp_path / "figures"), module="specexp.figures")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "figures" / "tree_budget.pdf").exists()
