@@ -40,7 +40,8 @@ def study_jobs(paths: list[Path]) -> pd.DataFrame:
     table["temperature"] = table["cfg.sampling.temperature"].astype(float)
     table["batch_size"] = table["cfg.batch_size"].astype(int)
     # children per expanded node (1: a chain; drafts without trees are chains)
-    table["branches"] = pd.to_numeric(table.get("cfg.draft.branches", 1), errors="coerce").fillna(1).astype(int)
+    branches = table["cfg.draft.branches"] if "cfg.draft.branches" in table else pd.Series(1, index=table.index)
+    table["branches"] = pd.to_numeric(branches, errors="coerce").fillna(1).astype(int)
     mean_k = table["mean_k"] if "mean_k" in table else table["k"]
     table["alpha_equivalent"] = [cost_model.equivalent_alpha(tau, k) if pd.notna(tau) and pd.notna(k) and k > 0 else None
                                  for tau, k in zip(table["tau"], mean_k.fillna(table["k"]), strict=True)]
@@ -104,6 +105,7 @@ def wandb_jobs(project: str, group: str | None = None) -> pd.DataFrame:
         config, summary = run.config, dict(run.summary)
         k = config["draft"]["k"]  # a number, or auto / heuristic
         rows.append({"draft": run.job_type, "k": int(k) if str(k).isdigit() else None, "k_label": str(k),
+                     "branches": int(config["draft"].get("branches", 1)),
                      "temperature": float(config["sampling"]["temperature"]), "batch_size": int(config["batch_size"]),
                      **{k: v for k, v in summary.items() if isinstance(v, int | float) and not k.startswith("_")}})
     return pd.DataFrame(rows)

@@ -1,5 +1,6 @@
-"""`draft.k`: a number, `auto` (the cost model's choice each round, `core/k_policy.ModelK`) or
-`heuristic` (HF's num_assistant_tokens_schedule, `core/k_policy.HeuristicK`), wired to a study."""
+"""`draft.k`: a number, `auto` (the cost model's choice each round, `core/k_policy.ModelK`; of a
+dynamic tree's node budget, `core/tree_policy.TreeK`) or `heuristic` (HF's
+num_assistant_tokens_schedule, `core/k_policy.HeuristicK`), wired to a study."""
 
 import functools
 
@@ -8,6 +9,8 @@ from omegaconf import DictConfig, open_dict
 
 from specexp.core.interface import SharesTargetPass
 from specexp.core.k_policy import HeuristicK, KPolicy, ModelK
+from specexp.core.tree_policy import TreeK
+from specexp.drafts.dynamic_tree import grows_trees
 from specexp.errors import UserInputError
 from specexp.profile import Profile
 
@@ -30,9 +33,6 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
             raise UserInputError(f"draft.k={k} is not allowed; give an integer >= 1, or one of: {', '.join(POLICIES)}")
         if not isinstance(k_max, int) or k_max < 1:
             raise UserInputError(f"draft.k_max={k_max} is not allowed; it must be an integer >= 1")
-        if draft_cfg.get("branches", 1) != 1:  # ModelK prices chains: the acceptance of a tree's nodes is another model
-            raise UserInputError(f"draft.k={k} prices chains; a token tree (draft.branches={draft_cfg.branches}) takes "
-                                 "a fixed node budget, e.g. draft.k=8")
         draft_cfg.k = k_max
         if "max_tokens_after_match" in draft_cfg and draft_cfg.max_tokens_after_match is None:
             draft_cfg.max_tokens_after_match = []
@@ -45,7 +45,12 @@ def build_draft(draft_cfg: DictConfig, target) -> tuple[object, str | None, Dict
     from hydra.utils import instantiate
 
     resolved, policy = resolve_draft_k(draft_cfg)
-    return instantiate(resolved)(target), policy, resolved
+    drafter = instantiate(resolved)(target)
+    if policy is not None and getattr(drafter, "branches", 1) > 1 and (policy != "auto" or not grows_trees(drafter)):
+        raise UserInputError(f"draft.k={policy} prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
+                             f"target_prefix, ngram_lm); this token tree (draft.branches={drafter.branches}) takes a "
+                             "fixed node budget, e.g. draft.k=8")
+    return drafter, policy, resolved
 
 
 def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) -> KPolicy | None:
@@ -69,5 +74,7 @@ def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) 
     def pass_seconds(context: int) -> np.ndarray:  # priced once per block of contexts: a round's choice stays cheap
         return priced(context // CONTEXT_BLOCK)
 
+    if grows_trees(drafter):  # the node budget of a dynamic tree
+        return TreeK(pass_seconds, profile.draft_s(draft, np.arange(k_max + 1)), prior_counts=profile.slot_counts(draft))
     return ModelK(pass_seconds, profile.draft_s(draft, np.arange(k_max + 1)), free_groups=getattr(drafter, "groups", 0),
                   prior_counts=profile.acceptance_counts(draft), fill_seconds=profile.reset_s(draft))

@@ -31,6 +31,8 @@ from specexp.core.interface import SharesTargetPass
 from specexp.core.k_policy import position_counts
 from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
+from specexp.core.tree_policy import slot_counts
+from specexp.drafts.dynamic_tree import grows_trees
 from specexp.errors import UserInputError
 from specexp.models import cache_root
 from specexp.runtime.matmul import hardware_fingerprint
@@ -95,6 +97,12 @@ class Profile:
         entry measured before they were kept."""
         entry = self.drafts.get(draft, {})
         return (np.asarray(entry["accepted"]), np.asarray(entry["reached"])) if "reached" in entry else None
+
+    def slot_counts(self, draft: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per slot of a dynamic tree, (on the accepted path, in the tree) in the draft's profiling
+        decodes; None for a chain draft."""
+        entry = self.drafts.get(draft, {})
+        return (np.asarray(entry["slot_accepted"]), np.asarray(entry["slot_reached"])) if "slot_reached" in entry else None
 
     def record(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "path"}
@@ -205,6 +213,15 @@ def measure_overhead(forward, target, prompt: list[int], batch_size: int, sampli
     return statistics.median(np.add(out.draft_s, out.verify_s)), out.prefill_s
 
 
+def tree_slot_counts(out, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """A decode's (accepted, reached) per tree slot 0..n_slots-1 (core/tree_policy.py), summed over its rounds."""
+    accepted, reached = np.zeros(n_slots), np.zeros(n_slots)
+    for proposed, path, active in zip(out.n_proposed.numpy(), out.paths, out.active.numpy(), strict=True):
+        looked, took = slot_counts(proposed, path.numpy(), active, n_slots)
+        reached, accepted = reached + looked, accepted + took
+    return accepted, reached
+
+
 def acceptance_counts(out, k_max: int) -> tuple[np.ndarray, np.ndarray]:
     """A decode's (accepted, reached) per draft position 1..k_max, summed over its rounds and rows."""
     reached, took = position_counts(out.n_proposed.flatten().numpy(), out.n_accepted.flatten().numpy(),
@@ -222,6 +239,7 @@ def measure_draft(forward, target, drafter, prompt: list[int], batch_size: int, 
     k_max = drafter.k
     draft_s, once, passes = [], [], {}
     accepted, reached = np.zeros(max(ks)), np.zeros(max(ks))
+    slot_accepted, slot_reached = np.zeros(max(ks)), np.zeros(max(ks))
     try:
         _decode(forward, prompt, batch_size, drafter, sampling, 4, target)  # warm-up
         for k in ks:
@@ -231,6 +249,8 @@ def measure_draft(forward, target, drafter, prompt: list[int], batch_size: int, 
             once.append(out.prefill_s - ar_prefill_s + (out.draft_s[0] - draft_s[-1] if out.draft_s else 0.0))
             took, looked = acceptance_counts(out, max(ks))
             accepted, reached = accepted + took, reached + looked
+            took, looked = tree_slot_counts(out, max(ks))
+            slot_accepted, slot_reached = slot_accepted + took, slot_reached + looked
             for n, seconds in zip(out.n_proposed.max(1).values.tolist(), out.target_s, strict=True):
                 passes.setdefault(n + 1, []).append(seconds)
             if progress is not None:
@@ -239,6 +259,8 @@ def measure_draft(forward, target, drafter, prompt: list[int], batch_size: int, 
         drafter.k = k_max
     entry = {"k": list(ks), "draft_s": draft_s, "reset_s": max(statistics.median(once), 0.0),
              "accepted": accepted.tolist(), "reached": reached.tolist(), "method": DRAFT_METHOD}
+    if grows_trees(drafter):  # draft.k=auto starts a tree's node budget from these
+        entry |= {"slot_accepted": slot_accepted.tolist(), "slot_reached": slot_reached.tolist()}
     if isinstance(drafter, SharesTargetPass):
         entry["pass_s"] = fill_by_size({n: statistics.median(s) for n, s in passes.items()}, max(ks) + 1)
     return entry
@@ -278,7 +300,8 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
     lengths = [length for length in context_lengths if length + max_tokens <= context] or [max(context - max_tokens, 1)]
     ks = list(range(1, max_tokens))
     entry = {} if profile is None else profile.drafts.get(draft_name, {})
-    need_draft = drafter is not None and (len(entry.get("k", [])) < len(ks) or entry.get("method") != DRAFT_METHOD)
+    need_draft = drafter is not None and (len(entry.get("k", [])) < len(ks) or entry.get("method") != DRAFT_METHOD
+                                          or (grows_trees(drafter) and "slot_reached" not in entry))
     steps = (0 if profile is not None else len(lengths) * (repeats + 1) + 1) + (len(ks) if need_draft else 0)
     if steps == 0:
         return profile

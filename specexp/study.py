@@ -181,6 +181,7 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
         "accepted_length_histogram": metrics.accepted_length_histogram(accepted, k),  # rounds accepting 0..k
         "tau": metrics.tau(spec["emitted"].to_numpy()),
         "nodes_per_pass": float(spec["proposed"].mean()) if len(spec) else None,  # draft tokens verified per row
+        "accepted_per_pass": float(accepted.mean()) if len(spec) else None,  # draft tokens accepted per row
         "k": k,
         "mean_k": mean_k,  # K asked of the draft per round (k itself unless draft.k=auto/heuristic)
         "tokens_per_s_spec": tps_spec,

@@ -14,6 +14,7 @@ import torch
 from specexp import cost_model
 from specexp.core.interface import Context, Proposal
 from specexp.core.k_policy import ModelK, expected_tokens
+from specexp.core.tree_policy import TreeK, slot_counts
 from specexp.profile import Profile
 from specexp.study import summarize
 
@@ -229,9 +230,68 @@ def test_profile_command_measures_prints_and_writes_a_profile_a_study_can_price_
     ("draft.k=sometimes", "draft.k=sometimes is not allowed; give an integer >= 1, or one of: auto, heuristic"),
     ("draft.k_max=0", "draft.k_max=0 is not allowed"),
     ("profile.path=/nonexistent.json", "profile.path='/nonexistent.json' is not a file"),
-    ("draft.branches=3", "draft.k=auto prices chains; a token tree (draft.branches=3) takes a fixed node budget"),
+    ("draft.branches=3", "draft.k=auto prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
+                         "target_prefix, ngram_lm); this token tree (draft.branches=3) takes a fixed node budget"),
 ])
 def test_bad_k_and_profile_settings_fail_in_one_line(tmp_path, override, message):
     out = run_module("specexp", "size=smoke", override, f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_slot_counts_count_tree_slots_and_the_accepted_path():
+    path = np.array([[0, 2, -1], [1, -1, -1], [0, 3, 5]])  # rows' accepted nodes
+    reached, accepted = slot_counts(np.array([4, 2, 6]), path, np.array([True, True, False]), 5)
+    assert reached.tolist() == [2, 2, 1, 1, 0] and accepted.tolist() == [1, 1, 1, 0, 0]
+
+
+def tree_proposal(n: int) -> Proposal:
+    return Proposal(tokens=torch.zeros(1, n, dtype=torch.long), probs=torch.zeros(1, n, 4), n_proposed=torch.tensor([n]),
+                    parents=torch.full((1, n), -1))
+
+
+@pytest.mark.parametrize(("slot_rates", "expected"), [([0.6, 0.4, 0.05, 0.05], 2), ([0.9, 0.8, 0.7, 0.6], 4),
+                                                      ([0.05, 0.05, 0.05, 0.05], 0)])
+def test_tree_k_takes_the_budget_whose_slots_pay_for_their_pass(slot_rates, expected):
+    """Each node verified costs 20% of a step and a draft step 1%: a budget of N nodes yields
+    1 + the first N slot rates, over 1 + 0.2 N steps (+ 1% per draft step). Rates 0.6, 0.4, then
+    0.05: two nodes (2.0 / 1.41 beats 1.6 / 1.21 and 2.05 / 1.61); rates 0.9..0.6: all four; 0.05
+    each: no draft (1.05 / 1.21 < 1)."""
+    k_max = 4
+    policy = TreeK(lambda length: 0.02 * (1 + 0.2 * np.arange(k_max + 1)), np.r_[0.0, np.full(k_max, 2e-4)],
+                   probe_every=10**9)
+    policy.begin(1, k_max, 64)
+    rng = np.random.default_rng(0)
+    for _ in range(400):  # slot s on the path with its rate (a slot's ancestors aside: the policy counts slots)
+        proposal = tree_proposal(k_max)
+        on_path = [s for s in range(k_max) if rng.random() < slot_rates[s]]
+        proposal.accepted_path = torch.tensor([on_path + [-1] * (k_max - len(on_path))])
+        policy.observe(proposal, torch.tensor([len(on_path)]), torch.tensor([True]))
+    np.testing.assert_allclose(policy.rates(), slot_rates, atol=0.06)
+    assert policy.choose(context(1)) == expected
+
+
+def test_tree_k_starts_from_the_profiles_slot_rates_and_probes_one_node_more():
+
+    k_max = 4
+    """Profiled slot rates 0.6, 0.4 (100 decodes each), 0.05 (seen in 4): two nodes pay; every 4th
+    round a third, whose rate two standard errors up (0.29) would."""
+    reached = np.array([100.0, 100, 4, 4])
+    policy = TreeK(lambda length: 0.02 * (1 + 0.2 * np.arange(k_max + 1)), np.zeros(k_max + 1),
+                   prior_counts=(np.array([0.6, 0.4, 0.05, 0.05]) * reached, reached), probe_every=4)
+    policy.begin(1, k_max, 64)
+    chosen = [policy.choose(context(1)) for _ in range(8)]
+    assert chosen == [2, 2, 2, 3, 2, 2, 2, 3]
+
+
+@pytest.mark.default_target
+def test_a_dynamic_tree_at_k_auto_runs_from_the_cli_with_profiled_slot_rates(tmp_path):
+    """draft.k=auto with draft.branches > 1: the node budget chosen each round (TreeK), priced by the
+    tree draft's own profile entry (its cost at every budget and its slot rates); exact."""
+    out = run_module("specexp", "size=smoke", "draft=distilled", "draft.branches=2", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["k_policy"] == "auto" and summary["greedy_match"] == 1.0
+    entry = json.loads((tmp_path / "run" / "profile.json").read_text())["drafts"][summary["draft_profile"]]
+    assert len(entry["slot_reached"]) == 8 and entry["slot_reached"][0] > 0
+    assert 0 <= entry["slot_accepted"][0] <= entry["slot_reached"][0]

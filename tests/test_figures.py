@@ -178,8 +178,8 @@ def test_wandb_jobs_maps_runs_to_the_job_table(monkeypatch):
 
     table = wandb_jobs("me/specexp", group="k_sweep")
     assert calls == [("me/specexp", {"group": "k_sweep"})]
-    assert table.to_dict("records") == [{"draft": "prompt_lookup", "k": 4, "k_label": "4", "temperature": 0.0, "batch_size": 1,
-                                         "alpha": 0.4, "speedup": 1.1}]
+    assert table.to_dict("records") == [{"draft": "prompt_lookup", "k": 4, "k_label": "4", "branches": 1, "temperature": 0.0,
+                                         "batch_size": 1, "alpha": 0.4, "speedup": 1.1}]
 
 
 def test_tree_budget_draws_tau_and_speedup_per_branching_with_the_models_prediction():

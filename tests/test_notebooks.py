@@ -16,7 +16,7 @@ NOTEBOOKS = sorted((REPO / "analysis").glob("*.ipynb"))
 
 def test_there_is_a_notebook_per_study_and_none_stores_outputs():
     assert {p.stem for p in NOTEBOOKS} >= {"k_sweep", "draft_compare", "temperature_sweep", "batch_sweep",
-                                            "prompt_sets", "distill_ablation"}
+                                            "prompt_sets", "distill_ablation", "tree_sweep"}
     for path in NOTEBOOKS:
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type == "code":
@@ -37,6 +37,7 @@ SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook
                           "draft=prompt_lookup"],
     "batch_sweep": ["experiment=batch_sweep", "size=smoke", "batch_size=1,2"],
     "prompt_sets": ["experiment=prompt_sets", "size=smoke", "draft=prompt_lookup"],
+    "tree_sweep": ["experiment=tree_sweep", "size=smoke", "draft=prompt_lookup", "draft.k=2,4", "draft.branches=1,2"],
 }
 
 

@@ -33,6 +33,7 @@ class GenerationOutput:
     n_emitted: torch.Tensor  # [R, B] tokens committed (accepted + resampled/bonus, cut at EOS/limit)
     active: torch.Tensor  # [R, B] bool: row still generating in that round
     depth: torch.Tensor | None = None  # [R, B] the proposal's depth (a chain's: n_proposed)
+    paths: list[torch.Tensor] = field(default_factory=list)  # [R] of [B, D_r]: the accepted nodes, -1 after
     group: torch.Tensor | None = None  # [R, B] long: the proposal's group (prompt lookup: its match length; else 0)
     k_chosen: list[int] = field(default_factory=list)  # [R] K asked of the draft (0: no draft that round)
     context: list[int] = field(default_factory=list)  # [R] committed tokens of the longest row (what the pass attends to)
@@ -197,6 +198,7 @@ def generate(
         for name, value in (("n_proposed", proposal.n_proposed), ("depth", depth), ("n_accepted", n_accepted),
                             ("n_emitted", n_emit), ("active", active), ("group", group)):
             logs[name].append(value)
+        out.paths.append(path)
         t3 = clock()
         out.draft_s.append(t1 - t0)
         out.target_s.append(t2 - t1)
@@ -209,6 +211,7 @@ def generate(
     for name, values in logs.items():
         empty = torch.zeros(0, B, dtype=torch.bool if name == "active" else torch.long)
         setattr(out, name, torch.stack(values).cpu() if values else empty)
+    out.paths = [path.cpu() for path in out.paths]
     lengths, buf = ctx.lengths.tolist(), buf.cpu()
     out.tokens = [buf[b, P : lengths[b]].tolist() for b in range(B)]
     return out

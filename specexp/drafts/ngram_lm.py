@@ -34,6 +34,7 @@ class NgramLMDrafter:
         check_k(k)
         check_min_confidence(min_confidence)
         check_tree(branches, depth, min_confidence)
+        self.dynamic_tree = True  # with branches > 1, grown by drafts/dynamic_tree.py
         self.k, self.min_confidence, self.branches, self.depth = k, min_confidence, branches, depth
         if path is None:
             path = cached_lm(target, order, require_corpus(corpus))

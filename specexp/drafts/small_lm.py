@@ -83,6 +83,7 @@ class SmallLMDrafter:
         check_k(k)
         check_min_confidence(min_confidence)
         check_tree(branches, depth, min_confidence)
+        self.dynamic_tree = True  # with branches > 1, grown by drafts/dynamic_tree.py
         self.k, self.min_confidence, self.branches, self.depth = k, min_confidence, branches, depth
         if isinstance(model, str):
             model = load_model(model, dtype=dtype, device=device or str(target.model.device))
