@@ -25,15 +25,19 @@ from specexp.models import load_embedded_target
 from specexp.runtime import LeanRuntime, round_rows
 
 CHAINS = (1, 2, 3, 4)
-TREES = ((2, 2), (2, 4), (2, 6), (3, 6), (4, 8))  # (branches, node budget)
+# (branches, node budget): passes of up to 4 tokens cost ~1.05 T(1) on the 2-core CPU, 5 tokens 1.45
+TREES = ((2, 2), (2, 3), (3, 3), (2, 4), (4, 8))
+AUTO_BRANCHES = 2  # a dynamic tree whose node budget draft.k=auto chooses per round (model drafts)
 DRAFTS = ("distilled", "prompt_lookup")
 SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
 
 
-def method_overrides() -> dict[str, tuple[str, ...]]:
+def method_overrides(draft: str) -> dict[str, tuple[str, ...]]:
     chains = {f"chain K={k}": (f"draft.k={k}",) for k in CHAINS}
     trees = {f"tree b={b} N={n}": (f"draft.k={n}", f"draft.branches={b}") for b, n in TREES}
-    return chains | trees
+    auto = {} if draft == "prompt_lookup" else {  # a trie takes a fixed budget
+        f"tree b={AUTO_BRANCHES} N=auto": ("draft.k=auto", f"draft.branches={AUTO_BRANCHES}")}
+    return chains | trees | auto
 
 
 def tables(prompts: int, max_new_tokens: int) -> tuple[list[str], list[str]]:
@@ -50,7 +54,7 @@ def tables(prompts: int, max_new_tokens: int) -> tuple[list[str], list[str]]:
         for sampling_name, sampling in SAMPLINGS.items():
             for draft in DRAFTS:
                 methods, profile = {"ar": (None, 0)}, None
-                for name, overrides in method_overrides().items():
+                for name, overrides in method_overrides(draft).items():
                     drafter, k, policy, key, profile = study_draft(target, prepared.forward, prepared.record, draft,
                                                                    encoded[0], overrides, sampling)
                     methods[name] = (drafter, k, policy, key)
@@ -59,7 +63,8 @@ def tables(prompts: int, max_new_tokens: int) -> tuple[list[str], list[str]]:
                                                 profile=profile)
                 for name, r in results.items():
                     identical = f"{r['identical']}/{len(chosen)}" if sampling.greedy else "-"
-                    rows.append(f"| {data_name} | {sampling_name} | {draft} | {name} | {r['tau']:.3f} | "
+                    label = f"{name} (mean N {r['mean_k']:.2f})" if name.endswith("auto") else name
+                    rows.append(f"| {data_name} | {sampling_name} | {draft} | {label} | {r['tau']:.3f} | "
                                 f"{r['accepted_per_pass']:.3f} | {r['nodes_per_pass']:.2f} | {r['speedup']:.3f} | "
                                 f"{r['predicted_speedup']:.3f} | {identical} |")
                 chains = {n: r for n, r in results.items() if n.startswith("chain")}
