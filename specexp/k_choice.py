@@ -27,6 +27,15 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
     k = draft_cfg.get("k")
     with open_dict(draft_cfg):
         k_max = draft_cfg.pop("k_max", DEFAULT_K_MAX)
+        tree = draft_cfg.pop("tree", None)
+        if tree is not None:  # a token tree's size is its node budget: draft.k=auto prices it (TreeK)
+            if tree != "auto":
+                raise UserInputError(f"draft.tree={tree} is not allowed; give auto (the node budget and depth chosen "
+                                     "each round) or null (draft.k nodes)")
+            if draft_cfg.get("branches", 1) < 2:
+                raise UserInputError(f"draft.tree=auto sizes a token tree; give draft.branches >= 2 "
+                                     f"(draft.branches={draft_cfg.get('branches', 1)})")
+            k = "auto"
         if not isinstance(k, str):
             return draft_cfg, None
         if k not in POLICIES:

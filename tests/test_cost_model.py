@@ -230,11 +230,12 @@ def test_profile_command_measures_prints_and_writes_a_profile_a_study_can_price_
     ("draft.k=sometimes", "draft.k=sometimes is not allowed; give an integer >= 1, or one of: auto, heuristic"),
     ("draft.k_max=0", "draft.k_max=0 is not allowed"),
     ("profile.path=/nonexistent.json", "profile.path='/nonexistent.json' is not a file"),
+    ("draft=distilled draft.tree=auto", "draft.tree=auto sizes a token tree; give draft.branches >= 2 (draft.branches=1)"),
     ("draft.branches=3", "draft.k=auto prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
                          "target_prefix, ngram_lm); this token tree (draft.branches=3) takes a fixed node budget"),
 ])
 def test_bad_k_and_profile_settings_fail_in_one_line(tmp_path, override, message):
-    out = run_module("specexp", "size=smoke", override, f"hydra.run.dir={tmp_path / 'run'}")
+    out = run_module("specexp", "size=smoke", *override.split(), f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists()
 
@@ -285,10 +286,12 @@ def test_tree_k_starts_from_the_profiles_slot_rates_and_probes_one_node_more():
 
 
 @pytest.mark.default_target
-def test_a_dynamic_tree_at_k_auto_runs_from_the_cli_with_profiled_slot_rates(tmp_path):
-    """draft.k=auto with draft.branches > 1: the node budget chosen each round (TreeK), priced by the
-    tree draft's own profile entry (its cost at every budget and its slot rates); exact."""
-    out = run_module("specexp", "size=smoke", "draft=distilled", "draft.branches=2", f"hydra.run.dir={tmp_path / 'run'}")
+def test_a_dynamic_tree_at_tree_auto_runs_from_the_cli_with_profiled_slot_rates(tmp_path):
+    """draft.tree=auto (draft.k=auto with draft.branches > 1): the node budget chosen each round
+    (TreeK), priced by the tree draft's own profile entry (its cost at every budget and its slot
+    rates); exact."""
+    out = run_module("specexp", "size=smoke", "draft=distilled", "draft.branches=2", "draft.k=3", "draft.tree=auto",
+                     f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["k_policy"] == "auto" and summary["greedy_match"] == 1.0
