@@ -130,6 +130,24 @@ def test_a_broken_residual_is_caught_quick(pair, kind, k, sampling_name, monkeyp
     test_a_broken_residual_is_caught(pair, kind, k, sampling_name, monkeypatch)
 
 
+@pytest.mark.parametrize(("kind", "k", "sampling_name"), [("small_lm_tree", 5, "t1.3_top-p0.7"),
+                                                          ("reduced_vocab_tree", 5, "t1")])
+def test_tree_siblings_priced_as_iid_draws_are_caught(pair, kind, k, sampling_name, monkeypatch):
+    """The control for dynamic trees: siblings drawn without replacement but handed to the rule
+    with their parent's q (as if drawn i.i.d.) must fail the same test (by hand: p ~ 1e-69, 1e-129)."""
+    from specexp.drafts import dynamic_tree
+
+    draw = dynamic_tree.draw_children
+
+    def iid_priced(raw, q, n, sampling, generator):
+        tokens, probs, drawn = draw(raw, q, n, sampling, generator)
+        return tokens, q[:, :, None].expand_as(probs) * (probs.sum(-1, keepdim=True) > 0), drawn
+
+    monkeypatch.setattr(dynamic_tree, "draw_children", iid_priced)
+    p_value, _, _ = check_case(pair, kind, k, sampling_name)
+    assert p_value < P_VALUE_THRESHOLD, f"{kind} K={k} {sampling_name}: i.i.d.-priced siblings passed (p = {p_value:.3f})"
+
+
 # The shipped distilled draft on the default target: its vocabulary is too large to enumerate,
 # so top-k = 2 keeps two tokens per step (8 continuations of 3 tokens per prompt).
 DEFAULT_TARGET_ROWS = 300
