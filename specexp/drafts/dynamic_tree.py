@@ -33,7 +33,6 @@ class DraftTree:
     tokens: torch.Tensor  # [B, N] long, parents before children, siblings in draw order
     parents: torch.Tensor  # [B, N] long: -1 under the committed tip
     probs: torch.Tensor  # [B, N, V]: q of each node given its earlier siblings; zero = padding
-    expanded: torch.Tensor  # [B, F] long: the nodes handed to ``expand``, in order
 
 
 def check_tree(branches: int, depth: int | None, min_confidence: float = 0.0) -> None:
@@ -102,13 +101,11 @@ def grow_tree(root_raw: torch.Tensor, root_q: torch.Tensor, expand: Expand, bran
     valid = probs.sum(-1) > 0  # [B, c]
     score = torch.where(valid, raw[:, 0].clamp_min(1e-30).log(), -math.inf)  # cumulative log draft probability
     frontier = torch.arange(tokens.shape[1], device=device).expand(B, -1)  # [B, f]: the last level's nodes
-    expanded = []
     for level, counts in enumerate(levels[1:], start=2):
         e = len(counts)
         best = score.gather(1, frontier).topk(e, dim=1).indices  # [B, e], best first (ties: lower index)
         nodes = frontier.gather(1, best)
         level_raw, level_q = expand(nodes, tokens.gather(1, nodes), parents.gather(1, nodes), level - 1)
-        expanded.append(nodes)
         c_tokens, c_probs, c_raw = draw_children(level_raw, level_q, counts[0], sampling, generator)
         keep = [(i, j) for i, count in enumerate(counts) for j in range(count)]  # best parent's children first
         which, child = torch.tensor([i for i, _ in keep], device=device), torch.tensor([j for _, j in keep], device=device)
@@ -122,5 +119,4 @@ def grow_tree(root_raw: torch.Tensor, root_q: torch.Tensor, expand: Expand, bran
         valid = torch.cat([valid, c_valid], 1)
         score = torch.cat([score, torch.where(c_valid, c_score, -math.inf)], 1)
         frontier = torch.arange(n_before, tokens.shape[1], device=device).expand(B, -1)
-    expanded = torch.cat(expanded, 1) if expanded else torch.zeros(B, 0, dtype=torch.long, device=device)
-    return DraftTree(tokens=tokens, parents=parents, probs=probs, expanded=expanded)
+    return DraftTree(tokens=tokens, parents=parents, probs=probs)
