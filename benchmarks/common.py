@@ -1,8 +1,12 @@
 """Helpers shared by the benchmark scripts: one decode through our engine, one through HF."""
 
+import argparse
+import datetime
+import json
 import platform
 import statistics
 import time
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -49,6 +53,26 @@ def stream_bandwidth(n_bytes: int, repeats: int = 7) -> float:
 def machine() -> str:
     return (f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
             f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}")
+
+
+def decode_arguments(parser: argparse.ArgumentParser, default_out: Path) -> argparse.ArgumentParser:
+    """The options of a benchmark that decodes prompt sets: --prompts, --max-new-tokens, --out."""
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=default_out)
+    return parser
+
+
+def report_header(title: str) -> list[str]:
+    return [f"# {title} ({datetime.date.today()})", "", f"Machine: {machine()}", ""]
+
+
+def write_report(path: Path, lines: list[str]) -> None:
+    """The markdown report written to ``path`` and printed, then where it went (a JSON line)."""
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    print(text)
+    print(json.dumps({"written": str(path)}))
 
 
 def interleaved_summaries(target: LoadedModel, prompts: list[Prompt], encoded: list[list[int]], methods: dict,

@@ -13,11 +13,9 @@
 """
 
 import argparse
-import datetime
-import json
 from pathlib import Path
 
-from common import interleaved_summaries, machine, study_draft
+from common import decode_arguments, interleaved_summaries, report_header, study_draft, write_report
 
 from specexp.collect import collect
 from specexp.core.sampling import SamplingConfig
@@ -77,11 +75,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweeps", nargs="*", type=Path, default=[])
     parser.add_argument("--auto", action="store_true", help="also run the draft.k=auto benchmark (~15 min)")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "cost_model.md")
-    args = parser.parse_args()
-    lines = [f"# The cost model, measured ({datetime.date.today()})", "", f"Machine: {machine()}", ""]
+    args = decode_arguments(parser, Path(__file__).parent / "cost_model.md").parse_args()
+    lines = report_header("The cost model, measured")
     if args.sweeps:
         lines += ["## Realized against predicted, every job of the sweeps", "", *sweep_table(args.sweeps), ""]
         args.out.write_text("\n".join(lines) + "\n")
@@ -89,10 +84,7 @@ def main() -> None:
         lines += [f"## draft.k=auto against fixed K ({args.prompts} prompts x {args.max_new_tokens} tokens per set, "
                   "greedy, batch 1, one process, methods interleaved per prompt)", "", *auto_table(
                       args.prompts, args.max_new_tokens)]
-    text = "\n".join(lines) + "\n"
-    args.out.write_text(text)
-    print(text)
-    print(json.dumps({"written": str(args.out)}))
+    write_report(args.out, lines)
 
 
 if __name__ == "__main__":

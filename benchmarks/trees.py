@@ -9,15 +9,14 @@ to back in one process (the order rotating per prompt), so ratios share the mach
 Each row: tokens per target pass (tau), accepted draft tokens per pass, speedup over AR, the cost
 model's prediction (this machine's profile, per-position acceptance by proposal length), and
 the decodes identical to AR (greedy). Targets: accepted tokens per pass +30% over the same
-draft's best chain; the best tree draft faster than the best chain draft.
+draft's best chain; the best tree draft faster than the best chain draft. (The "Reading" section
+of benchmarks/trees.md is written by hand after a run.)
 """
 
 import argparse
-import datetime
-import json
 from pathlib import Path
 
-from common import interleaved_summaries, machine, study_draft
+from common import decode_arguments, interleaved_summaries, report_header, study_draft, write_report
 
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench, spec_bench
@@ -83,20 +82,14 @@ def tables(prompts: int, max_new_tokens: int) -> tuple[list[str], list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "trees.md")
-    args = parser.parse_args()
+    args = decode_arguments(parser, Path(__file__).parent / "trees.md").parse_args()
     rows, verdicts = tables(args.prompts, args.max_new_tokens)
-    lines = [f"# Token trees against chains ({datetime.date.today()})", "", f"Machine: {machine()}", "",
+    lines = [*report_header("Token trees against chains"),
              f"{args.prompts} prompts x {args.max_new_tokens} tokens per set, batch 1, one process, methods "
              "interleaved per prompt. accepted / pass: draft tokens accepted per target pass (a tree's: its accepted path).", "",
              "## Per draft: the best chain (by speed) against its trees", "", *verdicts, "",
              "## Every method", "", *rows]
-    text = "\n".join(lines) + "\n"
-    args.out.write_text(text)
-    print(text)
-    print(json.dumps({"written": str(args.out)}))
+    write_report(args.out, lines)
 
 
 if __name__ == "__main__":
