@@ -9,8 +9,8 @@ to back in one process (the order rotating per prompt), so ratios share the mach
 Each row: tokens per target pass (tau), accepted draft tokens per pass, speedup over AR, the cost
 model's prediction (this machine's profile, per-position acceptance by proposal length), and
 the decodes identical to AR (greedy). Targets: accepted tokens per pass +30% over the same
-draft's best chain; the best tree draft faster than the best chain draft. (The "Reading" section
-of benchmarks/trees.md is written by hand after a run.)
+draft's best chain; the best tree draft faster than the best chain draft. (The "Reading" and
+tree_sweep sections of benchmarks/trees.md are added by hand after a run.)
 """
 
 import argparse

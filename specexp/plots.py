@@ -111,7 +111,7 @@ def speedup_vs_k(jobs: pd.DataFrame, prompts: pd.DataFrame | None = None, model:
 def tree_budget(jobs: pd.DataFrame) -> Figure:
     """Tokens per target pass (tau) and speedup against the node budget (draft.k: draft tokens one
     pass verifies), a colour per draft and a line style per branching (1: a chain); beside each
-    measured speedup, dotted, the calibrated cost model's prediction for the same job."""
+    measured speedup, thin with + markers, the calibrated cost model's prediction for the same job."""
     fig, axes = _figure(ncols=2, width=2 * COLUMN_WIDTH_IN)
     fixed = jobs.dropna(subset=["k"]).sort_values("k")
     palette = draft_palette(fixed["draft"])
@@ -125,8 +125,8 @@ def tree_budget(jobs: pd.DataFrame) -> Figure:
     predicted = fixed.dropna(subset=["predicted_speedup"]) if "predicted_speedup" in fixed else fixed.iloc[:0]
     labelled = False
     for (draft, _), rows in predicted.groupby(["draft", "branches"]):
-        axes[1].plot(rows["k"], rows["predicted_speedup"], color=palette[draft], linestyle=":", linewidth=0.9,
-                     label="_" if labelled else "cost model (each job)")
+        axes[1].plot(rows["k"], rows["predicted_speedup"], color=palette[draft], linewidth=0.6, alpha=0.6, marker="+",
+                     markersize=5, label="_" if labelled else "cost model (each job)")
         labelled = True
     axes[1].axhline(1.0, color="0.4", linewidth=0.8, linestyle=":")
     axes[1].legend(fontsize=5)

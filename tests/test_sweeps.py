@@ -253,3 +253,7 @@ def test_smoke_tree_sweep_runs_records_depths_and_plots(tmp_path):
     out = run_cli(str(sweep), "--out", str(tmp_path / "figures"), module="specexp.figures")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "figures" / "tree_budget.pdf").exists()
+    from specexp import figures
+
+    jobs = figures.study_jobs([sweep])
+    assert set(jobs["branches"]) == {1, 2} and jobs[["accepted_per_pass", "nodes_per_pass"]].notna().all().all()
