@@ -239,6 +239,7 @@ def measure_draft(forward, target, drafter, prompt: list[int], batch_size: int, 
     k_max = drafter.k
     draft_s, once, passes = [], [], {}
     accepted, reached = np.zeros(max(ks)), np.zeros(max(ks))
+    tree = grows_trees(drafter)  # draft.k=auto starts a tree's node budget from its slot counts
     slot_accepted, slot_reached = np.zeros(max(ks)), np.zeros(max(ks))
     try:
         _decode(forward, prompt, batch_size, drafter, sampling, 4, target)  # warm-up
@@ -249,8 +250,9 @@ def measure_draft(forward, target, drafter, prompt: list[int], batch_size: int, 
             once.append(out.prefill_s - ar_prefill_s + (out.draft_s[0] - draft_s[-1] if out.draft_s else 0.0))
             took, looked = acceptance_counts(out, max(ks))
             accepted, reached = accepted + took, reached + looked
-            took, looked = tree_slot_counts(out, max(ks))
-            slot_accepted, slot_reached = slot_accepted + took, slot_reached + looked
+            if tree:
+                took, looked = tree_slot_counts(out, max(ks))
+                slot_accepted, slot_reached = slot_accepted + took, slot_reached + looked
             for n, seconds in zip(out.n_proposed.max(1).values.tolist(), out.target_s, strict=True):
                 passes.setdefault(n + 1, []).append(seconds)
             if progress is not None:
@@ -259,7 +261,7 @@ def measure_draft(forward, target, drafter, prompt: list[int], batch_size: int, 
         drafter.k = k_max
     entry = {"k": list(ks), "draft_s": draft_s, "reset_s": max(statistics.median(once), 0.0),
              "accepted": accepted.tolist(), "reached": reached.tolist(), "method": DRAFT_METHOD}
-    if grows_trees(drafter):  # draft.k=auto starts a tree's node budget from these
+    if tree:
         entry |= {"slot_accepted": slot_accepted.tolist(), "slot_reached": slot_reached.tolist()}
     if isinstance(drafter, SharesTargetPass):
         entry["pass_s"] = fill_by_size({n: statistics.median(s) for n, s in passes.items()}, max(ks) + 1)

@@ -228,17 +228,20 @@ class StaticRaggedKV:
         n_valid = self.n_valid
         positions = self.extend(input_mask)
         if parents is None or not parents.shape[1]:  # a tree of no nodes is the tip alone
-            return model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions, cache=self,
-                         logits_to_keep=logits_to_keep).logits
-        return model(input_ids=input_ids, attention_mask=self.mask, position_ids=tree_positions(n_valid, parents),
-                     cache=self, logits_to_keep=logits_to_keep, mask=block_mask(self.mask, parents)).logits
+            return self._call(model, input_ids, positions, None, logits_to_keep)
+        return self._call(model, input_ids, tree_positions(n_valid, parents), block_mask(self.mask, parents),
+                          logits_to_keep)
 
     def forward_nodes(self, model, input_ids: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor,
                       logits_to_keep: int = 1) -> torch.Tensor:
         """Append T tree nodes per row as `RaggedKV.forward_nodes` does."""
         self.extend(torch.ones_like(input_ids))
+        return self._call(model, input_ids, positions, region_mask(self.mask, seen), logits_to_keep)
+
+    def _call(self, model, input_ids, positions, allowed: torch.Tensor | None, logits_to_keep: int) -> torch.Tensor:
+        tree = {} if allowed is None else {"mask": allowed}  # the lean decoder takes a tree's 4-D mask as is
         return model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions, cache=self,
-                     logits_to_keep=logits_to_keep, mask=region_mask(self.mask, seen)).logits
+                     logits_to_keep=logits_to_keep, **tree).logits
 
     def drop_last(self, n_drop: torch.Tensor) -> None:
         """Invalidate the last ``n_drop[b]`` valid tokens of each row b ([B] long)."""

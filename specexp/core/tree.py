@@ -39,7 +39,6 @@ def tree_positions(n_valid: torch.Tensor, parents: torch.Tensor) -> torch.Tensor
     return n_valid[:, None] + depth
 
 
-
 def proposal_depth(tokens: torch.Tensor, probs: torch.Tensor, n_proposed: torch.Tensor,
                    parents: torch.Tensor | None) -> torch.Tensor:
     """Depth of each row's proposal [B]: a chain's is its length; a tree's, its deepest node that
