@@ -41,10 +41,12 @@ def written_keys(run: dict) -> set[Key]:
 
 @pytest.fixture(scope="module")
 def logged_run(tmp_path_factory) -> dict:
-    """One study job logged by logger=wandb, offline, read back from its .wandb file."""
+    """One study job logged by logger=wandb, offline, read back from its .wandb file. K is fixed:
+    draft.k=auto may rightly choose plain AR steps throughout on a machine where verifying costs
+    more, and a run that drafted nothing writes no acceptance curve."""
     run_dir = tmp_path_factory.mktemp("dashboard") / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    out = subprocess.run([sys.executable, "-m", "specexp", "logger=wandb", "data.limit=2", "max_new_tokens=6",
+    out = subprocess.run([sys.executable, "-m", "specexp", "logger=wandb", "data.limit=2", "max_new_tokens=6", "draft.k=8",
                           f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     (wandb_dir,) = (run_dir / "wandb").glob("offline-run-*")
@@ -62,10 +64,10 @@ def test_every_key_the_dashboard_reads_is_written_by_the_logger(logged_run):
 def test_the_logged_history_draws_speedup_against_k_and_the_acceptance_curve(logged_run):
     summary = logged_run["summary"]
     (headline,) = [row for row in logged_run["history"] if "k" in row]
-    assert headline["k"] == 8 and headline["speedup"] == pytest.approx(summary["speedup"])  # auto: k_max
+    assert headline["k"] == 8 and headline["speedup"] == pytest.approx(summary["speedup"])
     curve = [(row["position"], row["acceptance"]) for row in logged_run["history"] if "position" in row]
     expected = [tuple(row) for row in logged_run["tables"]["acceptance_curve"]["data"]]
-    assert [p for p, _ in curve] == [p for p, _ in expected] and [a for _, a in curve] == pytest.approx([a for _, a in expected])
+    assert curve and [p for p, _ in curve] == [p for p, _ in expected] and [a for _, a in curve] == pytest.approx([a for _, a in expected])
     assert logged_run["config"]["choice"] == {"draft": "prompt_lookup", "data": "mt_bench", "sampling": "greedy",
                                               "target": "default"}
 
