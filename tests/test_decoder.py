@@ -92,9 +92,10 @@ def test_taps_and_split_forwards_equal_transformers_hidden_states():
     ids = torch.tensor([[5, 9, 2, 7, 7, 30]])
     with torch.no_grad():
         reference = model(ids, output_hidden_states=True).hidden_states  # embeddings, then each layer's output
-        out = decoder(ids, logits_to_keep=0, taps=(0, 1))
-        for layer in (0, 1):
-            torch.testing.assert_close(out.hidden_states[layer], reference[layer + 1], rtol=1e-10, atol=1e-10)
+        layers = tuple(range(len(reference)))  # the embeddings, every layer's output, the normed last
+        out = decoder(ids, logits_to_keep=0, hidden_layers=layers)
+        for j in layers:
+            torch.testing.assert_close(out.hidden_states[j], reference[j], rtol=1e-10, atol=1e-10)
         positions = torch.arange(6)[None]
         hidden = decoder.run_layers(decoder.embed(ids), range(2), None, None, positions)
         hidden = decoder.run_layers(hidden, range(2, 3), None, None, positions)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specexp.core.interface import Context, Drafter, Proposal, SharesTargetPass
+from specexp.core.interface import Context, Drafter, Proposal, ReadsTargetFeatures, SharesTargetPass
 from specexp.core.k_policy import KPolicy
 from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
@@ -83,6 +83,18 @@ def _commit(ctx: Context, new: torch.Tensor, n_accepted: torch.Tensor, eos: torc
     return n_emit, generated
 
 
+def keep_features(ctx: Context, features: torch.Tensor, path: torch.Tensor, active: torch.Tensor) -> None:
+    """Before the commit: the pass's hidden states [B, K+1, F] of the tip and the accepted path
+    [B, D] go to the tip's slot and the D after it (past the path: scratch, as for tokens)."""
+    D, F = path.shape[1], features.shape[-1]
+    tip = torch.zeros(path.shape[0], 1, dtype=torch.long, device=path.device)
+    sources = torch.cat([tip, 1 + path.clamp_min(0)], dim=1)  # [B, D+1]
+    slots = (ctx.lengths - 1)[:, None] + torch.arange(D + 1, device=path.device)  # [B, D+1]
+    kept = features.gather(1, sources[..., None].expand(-1, -1, F))
+    held = ctx.features.gather(1, slots[..., None].expand(-1, -1, F))
+    ctx.features.scatter_(1, slots[..., None].expand(-1, -1, F), torch.where(active[:, None, None], kept, held))
+
+
 @torch.inference_mode()
 def generate(
     target: Callable,  # a causal LM, or the lean runtime's decoder of one
@@ -132,7 +144,14 @@ def generate(
     # The prompt pass gives p for the first new token: a round without a draft. From then
     # on the target cache holds every committed token but the tip, whose p comes next round.
     kv = new_ragged_kv(target, B, device, capacity=buf.shape[1])
-    first_probs = logits_to_probs(kv.forward(target, prompt_ids, prompt_mask).to(device), sampling)  # [B, 1, V]
+    hidden_layers = tuple(drafter.hidden_layers) if isinstance(drafter, ReadsTargetFeatures) else ()
+    if hidden_layers:
+        logits, features = kv.forward_features(target, prompt_ids, hidden_layers, prompt_mask)  # [B, 1, V], [B, P, F]
+        ctx.features = features.new_zeros(B, buf.shape[1], features.shape[-1])
+        ctx.features[:, :P] = features
+    else:
+        logits = kv.forward(target, prompt_ids, prompt_mask)
+    first_probs = logits_to_probs(logits.to(device), sampling)  # [B, 1, V]
     _, _, tip = tree_verify(no_draft.tokens, chain_parents(B, 0, device), no_draft.probs, first_probs, generator)  # [B]
     _, generated = _commit(ctx, tip[:, None], torch.zeros_like(tip), eos, max_new_tokens, generated)
     shared_pass = isinstance(drafter, SharesTargetPass)
@@ -169,6 +188,9 @@ def generate(
         inputs = torch.cat([tip[:, None], proposal.tokens], dim=1)  # [B, K+1]
         if shared_pass and k_round > 0:  # an early-exit draft already ran its layers for the tip and x_1..x_{K-1}
             logits = drafter.target_forward(inputs)
+        elif hidden_layers:
+            logits, features = kv.forward_features(target, inputs, hidden_layers, logits_to_keep=K + 1,
+                                                   parents=proposal.parents)  # [B, K+1, V], [B, K+1, F]
         else:
             logits = kv.forward(target, inputs, logits_to_keep=K + 1, parents=proposal.parents)  # [B, K+1, V]
         target_probs = logits_to_probs(logits.to(device), sampling)  # a device_map target's logits are on its last device
@@ -180,8 +202,10 @@ def generate(
         path, n_accepted, next_token = tree_verify(proposal.tokens, parents, proposal.probs, target_probs, generator)
         proposal.accepted_path = path
 
-        # 4. Commit the path's tokens x_1..x_n then next_token.
+        # 4. Commit the path's tokens x_1..x_n then next_token (and the tip's and path's hidden states).
         active = ~ctx.done
+        if hidden_layers:
+            keep_features(ctx, features, path, active)
         new = torch.cat([proposal.tokens.gather(1, path.clamp_min(0)), next_token[:, None]], dim=1)  # [B, D+1]
         new.scatter_(1, n_accepted[:, None], next_token[:, None])
         n_emit, generated = _commit(ctx, new, n_accepted, eos, max_new_tokens, generated)

@@ -22,6 +22,9 @@ class Context:
     start: torch.Tensor  # [B] long: first non-padding slot
     lengths: torch.Tensor  # [B] long: end (exclusive) of the committed tokens
     done: torch.Tensor  # [B] bool: row finished (EOS or max_new_tokens)
+    # [B, S, F] or None: the target's hidden states at a feature draft's `hidden_layers` (side by
+    # side) for every committed slot but the tip (whose pass comes next round); None for other drafts
+    features: torch.Tensor | None = None
 
 
 @dataclass
@@ -71,6 +74,17 @@ class Drafter(Protocol):
 
         ``ctx`` already holds the tokens committed this round.
         """
+
+
+@runtime_checkable
+class ReadsTargetFeatures(Protocol):
+    """A draft that reads the target's hidden states (EAGLE, Medusa): the engine takes them from
+    its own passes (the prompt's and every round's, at no extra target cost) and keeps the
+    committed slots' in ``Context.features``, rewound with the cache."""
+
+    # transformers' output_hidden_states numbering: 0 the embeddings, j the output of layer j, the
+    # last (N) after the final norm
+    hidden_layers: tuple[int, ...]
 
 
 @runtime_checkable

@@ -11,7 +11,7 @@ prefix, the tip and its own ancestors, at the position of its depth); ``keep_pat
 the accepted path's entries into place after the tip and drops the rest, so the cache holds
 committed tokens only, in order.
 
-Two stores with one contract (``forward``, ``extend``, ``update``, ``drop_last``, ``keep_path``,
+Two stores with one contract (``forward``, ``forward_features``, ``extend``, ``update``, ``drop_last``, ``keep_path``,
 ``mask``, ``n_valid``): `StaticRaggedKV` preallocates every layer and rewinds by moving an end index
 (the lean runtime's); `RaggedKV` wraps transformers' DynamicCache for transformers' forward
 (runtime=hf), whose rewind crops tensors.
@@ -53,8 +53,50 @@ def path_sources(path: torch.Tensor, start: int) -> torch.Tensor:
     return torch.where(path >= 0, start + 1 + path, own)
 
 
+def hidden_features(output, hidden_layers: tuple[int, ...]) -> torch.Tensor:
+    """A forward's hidden states at ``hidden_layers`` (transformers' numbering), side by side [B, T, F]."""
+    return torch.cat([output.hidden_states[j] for j in hidden_layers], dim=-1)
+
+
+class RaggedPasses:
+    """The passes both stores run, over their ``extend``, ``mask``, ``n_valid`` and ``_call``."""
+
+    def forward(self, model, input_ids: torch.Tensor, input_mask: torch.Tensor | None = None,
+                logits_to_keep: int = 1, parents: torch.Tensor | None = None) -> torch.Tensor:
+        """Append T tokens per row ([B, T]; ``input_mask`` 0 for left padding) and return the logits
+        of the last ``logits_to_keep`` [B, n, V]; with ``parents`` [B, T-1] the tokens are a tip and a
+        tree of T-1 nodes."""
+        return self._pass(model, input_ids, input_mask, logits_to_keep, parents, ()).logits
+
+    def forward_features(self, model, input_ids: torch.Tensor, hidden_layers: tuple[int, ...],
+                         input_mask: torch.Tensor | None = None, logits_to_keep: int = 1,
+                         parents: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`, and the hidden states at ``hidden_layers`` of all T tokens [B, T, F] (the same pass)."""
+        output = self._pass(model, input_ids, input_mask, logits_to_keep, parents, hidden_layers)
+        return output.logits, hidden_features(output, hidden_layers)
+
+    def _pass(self, model, input_ids, input_mask, logits_to_keep, parents, hidden_layers):
+        if input_mask is None:
+            input_mask = torch.ones_like(input_ids)
+        n_valid = self.n_valid
+        positions = self.extend(input_mask)
+        if parents is None or not parents.shape[1]:  # a tree of no nodes is the tip alone
+            return self._call(model, input_ids, positions, None, logits_to_keep, hidden_layers)
+        return self._call(model, input_ids, tree_positions(n_valid, parents), block_mask(self.mask, parents),
+                          logits_to_keep, hidden_layers)
+
+    def forward_nodes(self, model, input_ids: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor,
+                      logits_to_keep: int = 1) -> torch.Tensor:
+        """Append T tree nodes per row ([B, T] ids at ``positions``) that see the valid slots before a
+        tree region and, within it (the last R slots once they are appended), ``seen`` [B, T, R];
+        returns the logits of the last ``logits_to_keep`` [B, n, V]. A draft grows its own token
+        tree this way, a level per call."""
+        self.extend(torch.ones_like(input_ids))
+        return self._call(model, input_ids, positions, region_mask(self.mask, seen), logits_to_keep, ()).logits
+
+
 @dataclass
-class RaggedKV:
+class RaggedKV(RaggedPasses):
     cache: DynamicCache
     mask: torch.Tensor  # [B, L] long: 1 = slot holds a valid token of that row
     n_valid: torch.Tensor  # [B] long: valid tokens per row = position id of the next token
@@ -67,43 +109,20 @@ class RaggedKV:
             n_valid=torch.zeros(batch_size, dtype=torch.long, device=device),
         )
 
-    def forward(
-        self,
-        model: PreTrainedModel,
-        input_ids: torch.Tensor,  # [B, T]
-        input_mask: torch.Tensor | None = None,  # [B, T]: 0 for (left) padding
-        logits_to_keep: int = 1,
-        parents: torch.Tensor | None = None,  # [B, T-1]: the tokens are a tip and a tree of T-1 nodes
-    ) -> torch.Tensor:
-        """Append T tokens per row and return the logits of the last ``logits_to_keep`` [B, n, V]."""
-        if input_mask is None:
-            input_mask = torch.ones_like(input_ids)
-        n_valid = self.n_valid
-        positions = self.extend(input_mask)
-        if parents is None or not parents.shape[1]:  # a tree of no nodes is the tip alone
-            return self._call(model, input_ids, positions, None, logits_to_keep)
-        return self._call(model, input_ids, tree_positions(n_valid, parents), block_mask(self.mask, parents),
-                          logits_to_keep)
-
-    def forward_nodes(self, model, input_ids: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor,
-                      logits_to_keep: int = 1) -> torch.Tensor:
-        """Append T tree nodes per row ([B, T] ids at ``positions``) that see the valid slots before a
-        tree region and, within it (the last R slots once they are appended), ``seen`` [B, T, R];
-        returns the logits of the last ``logits_to_keep`` [B, n, V]. A draft grows its own token
-        tree this way, a level per call."""
-        self.extend(torch.ones_like(input_ids))
-        return self._call(model, input_ids, positions, region_mask(self.mask, seen), logits_to_keep)
-
-    def _call(self, model, input_ids, positions, allowed: torch.Tensor | None, logits_to_keep: int) -> torch.Tensor:
-        attention_mask, tree = self.mask, {}
+    def _call(self, model, input_ids, positions, allowed: torch.Tensor | None, logits_to_keep: int,
+              hidden_layers: tuple[int, ...]):
+        attention_mask, extra = self.mask, {}
+        lean = getattr(model, "takes_block_mask", False)  # the lean decoder: a 4-D bool mask, chosen hidden states
         if allowed is not None:
-            if getattr(model, "takes_block_mask", False):  # the lean decoder
-                tree = {"mask": allowed}
+            if lean:
+                extra["mask"] = allowed
             else:  # transformers takes a 4-D additive mask as it is
                 attention_mask = torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device).masked_fill(
                     ~allowed, torch.finfo(model.dtype).min)
+        if hidden_layers:
+            extra |= {"hidden_layers": hidden_layers} if lean else {"output_hidden_states": True}
         return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=self.cache,
-                     use_cache=True, logits_to_keep=logits_to_keep, **tree).logits
+                     use_cache=True, logits_to_keep=logits_to_keep, **extra)
 
     def extend(self, input_mask: torch.Tensor) -> torch.Tensor:
         """Book T new slots per row ([B, T] mask, 0 = padding); returns their position ids [B, T].
@@ -153,7 +172,7 @@ def kept_length(mask: torch.Tensor, n_drop: torch.Tensor) -> tuple[torch.Tensor,
     return mask, int((mask.any(0) * slot_number).max()) if L else 0
 
 
-class StaticRaggedKV:
+class StaticRaggedKV(RaggedPasses):
     """The ragged contract over preallocated buffers: every layer's K/V lives in one
     [N, B, H_kv, C, hd] tensor, appends write in place, and a rewind clears validity bits and
     moves the end index: no K/V is copied or concatenated. Capacity C is sized by the caller from
@@ -219,29 +238,11 @@ class StaticRaggedKV:
         self.layer_length[layer_idx] = start + T
         return self.keys[layer_idx, :, :, : start + T], self.values[layer_idx, :, :, : start + T]
 
-    def forward(self, model, input_ids: torch.Tensor, input_mask: torch.Tensor | None = None,
-                logits_to_keep: int = 1, parents: torch.Tensor | None = None) -> torch.Tensor:
-        """Append T tokens per row and return the logits of the last ``logits_to_keep`` [B, n, V];
-        with ``parents`` [B, T-1] the tokens are a tip and a tree of T-1 nodes."""
-        if input_mask is None:
-            input_mask = torch.ones_like(input_ids)
-        n_valid = self.n_valid
-        positions = self.extend(input_mask)
-        if parents is None or not parents.shape[1]:  # a tree of no nodes is the tip alone
-            return self._call(model, input_ids, positions, None, logits_to_keep)
-        return self._call(model, input_ids, tree_positions(n_valid, parents), block_mask(self.mask, parents),
-                          logits_to_keep)
-
-    def forward_nodes(self, model, input_ids: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor,
-                      logits_to_keep: int = 1) -> torch.Tensor:
-        """Append T tree nodes per row as `RaggedKV.forward_nodes` does."""
-        self.extend(torch.ones_like(input_ids))
-        return self._call(model, input_ids, positions, region_mask(self.mask, seen), logits_to_keep)
-
-    def _call(self, model, input_ids, positions, allowed: torch.Tensor | None, logits_to_keep: int) -> torch.Tensor:
-        tree = {} if allowed is None else {"mask": allowed}  # the lean decoder takes a tree's 4-D mask as is
+    def _call(self, model, input_ids, positions, allowed: torch.Tensor | None, logits_to_keep: int,
+              hidden_layers: tuple[int, ...]):
+        extra = {} if allowed is None else {"mask": allowed}  # the lean decoder takes a tree's 4-D mask as is
         return model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions, cache=self,
-                     logits_to_keep=logits_to_keep, **tree).logits
+                     logits_to_keep=logits_to_keep, hidden_layers=hidden_layers, **extra)
 
     def drop_last(self, n_drop: torch.Tensor) -> None:
         """Invalidate the last ``n_drop[b]`` valid tokens of each row b ([B] long)."""

@@ -9,8 +9,8 @@ end, where no mask shows them and the next pass overwrites them, and their logit
 So a run compiles one graph per bucket (and batch size), each with the matmul plan of its rows.
 
 Passes it does not take run eagerly through the same decoder: prompts longer than
-``max_tokens``, a transformers cache, and a shared early-exit draft's split passes (whose
-layers hold different numbers of slots).
+``max_tokens``, a transformers cache, a shared early-exit draft's split passes (whose layers hold
+different numbers of slots), token trees, and passes whose hidden states a draft reads.
 """
 
 from types import SimpleNamespace
@@ -72,12 +72,14 @@ class CompiledDecoder:
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None, cache=None, logits_to_keep: int = 1,
-                 mask: torch.Tensor | None = None, **_) -> SimpleNamespace:
+                 hidden_layers: tuple[int, ...] = (), mask: torch.Tensor | None = None, **_) -> SimpleNamespace:
         T = input_ids.shape[1]
         lengths = set(cache.layer_length) if isinstance(cache, StaticRaggedKV) else None
-        # A token tree's pass (its own mask) runs eagerly: the compiled graph builds a causal one.
-        if lengths is None or len(lengths) != 1 or T > self.max_tokens or not logits_to_keep or mask is not None:
-            return self.decoder(input_ids, attention_mask, position_ids, cache, logits_to_keep, mask=mask)
+        # A token tree's pass (its own mask) and one a draft reads hidden states of run eagerly: the
+        # compiled graph builds a causal mask and returns logits alone.
+        if (lengths is None or len(lengths) != 1 or T > self.max_tokens or not logits_to_keep or mask is not None
+                or hidden_layers):
+            return self.decoder(input_ids, attention_mask, position_ids, cache, logits_to_keep, hidden_layers, mask)
         start = lengths.pop()  # every layer holds the same slots; extend booked [start, start + T)
         padding = bucket(T) - T
         if padding:  # written past the cache's end: masked from every query, overwritten by the next pass

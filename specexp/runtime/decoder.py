@@ -130,7 +130,7 @@ def fused_module(modules: list[nn.Module]) -> nn.Module | None:
 class LeanDecoder:
     """Callable like a causal LM for the engine's caches:
     ``(input_ids, attention_mask, position_ids, cache, logits_to_keep) -> .logits``; also
-    ``embed`` -> ``run_layers`` (any range) -> ``logits`` for split forwards, and ``taps``."""
+    ``embed`` -> ``run_layers`` (any range) -> ``logits`` for split forwards, and hidden states."""
 
     takes_static_cache = True  # core.kv.new_ragged_kv gives it a preallocated cache
     takes_block_mask = True  # a token tree's pass hands it its 4-D mask (`mask`)
@@ -259,18 +259,23 @@ class LeanDecoder:
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None, cache=None, logits_to_keep: int = 1,
-                 taps: tuple[int, ...] = (), mask: torch.Tensor | None = None, **_) -> SimpleNamespace:
+                 hidden_layers: tuple[int, ...] = (), mask: torch.Tensor | None = None, **_) -> SimpleNamespace:
         """Logits of the last ``logits_to_keep`` positions [B, n, V] (all with 0), and the hidden
-        states after each layer in ``taps`` [B, T, H] as ``.hidden_states``. ``mask`` [B, 1, T, S+T]
-        (a token tree's) replaces the causal one built from attention_mask."""
+        states ``hidden_layers`` [B, T, H] of every position as ``.hidden_states[j]``, numbered as
+        transformers' output_hidden_states: 0 the embeddings, j the output of layer j, N (the last)
+        after the final norm. ``mask`` [B, 1, T, S+T] (a token tree's) replaces the causal one
+        built from attention_mask."""
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device)[None].expand(B, T)
-        tapped = dict.fromkeys(taps)
-        hidden = self.run_layers(self.embed(input_ids), range(self.n_layers), cache, attention_mask, position_ids,
-                                 tapped, mask)
+        embedded = self.embed(input_ids)
+        taps = dict.fromkeys(j - 1 for j in hidden_layers if 0 < j)  # layer j's output is tap j - 1
+        hidden = self.run_layers(embedded, range(self.n_layers), cache, attention_mask, position_ids, taps, mask)
+        states = {j: embedded if j == 0 else taps[j - 1] for j in hidden_layers}
+        if self.n_layers in states:
+            states[self.n_layers] = rms_norm(self.norm, hidden)
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-        return SimpleNamespace(logits=self.logits(kept), hidden_states=tapped)
+        return SimpleNamespace(logits=self.logits(kept), hidden_states=states)
 
 
 # One decoder per model, dropped with it (a decoder holds the model's submodules, never the model).
