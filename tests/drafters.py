@@ -4,13 +4,14 @@ import torch
 
 from specexp.core.interface import Context, Drafter, Proposal
 from specexp.core.sampling import SamplingConfig
+from specexp.drafts.eagle import EagleDrafter
 from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.retrieval import RetrievalDrafter
 from specexp.drafts.small_lm import SmallLMDrafter, target_prefix_drafter, top_probability
 from specexp.models import LoadedModel
-from tests.conftest import random_exit_head, reduced_vocab_copy
+from tests.conftest import EOS, random_exit_head, reduced_vocab_copy
 
 
 class RandomDrafter:
@@ -50,6 +51,42 @@ def distilled_like(target: LoadedModel, other: LoadedModel, k: int) -> SmallLMDr
     return SmallLMDrafter(target, draft, k=k, min_confidence=confidence_quantile(draft), quantize="int8")
 
 
+def fit_eagle_head(target: LoadedModel, hidden_layers: tuple[int, ...], keep_every: int | None, steps: int):
+    from specexp.distill.features import step_losses, teacher_pass
+    from specexp.distill.objectives import objective
+    from specexp.draft_vocab import DraftVocab
+    from specexp.drafts.eagle_head import EagleHead
+
+    vocab = None
+    if keep_every:
+        vocab = DraftVocab(sorted(set(range(0, target.vocab_size, keep_every)) | {EOS}), target.vocab_size)
+    torch.manual_seed(0)
+    head = EagleHead(target, hidden_layers, draft_vocab=vocab)
+    optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):  # teacher-forced on random sequences: enough to agree with the target at times
+        ids = torch.randint(2, target.vocab_size, (8, 24), generator=g)
+        teacher_logits, features = teacher_pass(target.model, ids, hidden_layers)
+        loss = step_losses(head, head.unrolled(ids, features, 2), teacher_logits, objective("forward_kl"), 1.0)
+        optimizer.zero_grad()
+        torch.stack(loss).mean().backward()
+        optimizer.step()
+    return head.eval()
+
+
+def eagle_head(target: LoadedModel, hidden_layers: tuple[int, ...], keep_every: int | None = None, steps: int = 150):
+    """An EAGLE head for a tiny target, briefly fitted (``steps`` Adam steps, two unrolled steps)
+    so that greedy drafts are sometimes accepted; with ``keep_every`` a reduced vocabulary of
+    every keep_every-th id + EOS and its own head. Exactness holds for any head."""
+    key = (target.name, tuple(hidden_layers), keep_every, steps)
+    if key not in _EAGLE_HEADS:
+        _EAGLE_HEADS[key] = fit_eagle_head(target, tuple(hidden_layers), keep_every, steps)
+    return _EAGLE_HEADS[key]
+
+
+_EAGLE_HEADS = {}  # one fit per tiny target and recipe for the whole session
+
+
 # Every draft strategy (and its options that change what is proposed), built for a tiny target:
 # `other` is a model of the same vocabulary that agrees with it part of the time, `files` the
 # n-gram LM and datastore of tests.conftest.build_ngram_files.
@@ -82,6 +119,12 @@ DRAFT_KINDS = {
     "early_exit_shared": lambda target, other, k, files: early_exit_drafter(target, exit_layer=1, k=k, mode="shared"),
     "early_exit_naive": lambda target, other, k, files: early_exit_drafter(target, exit_layer=1, k=k, mode="naive"),
     "early_exit_trained": lambda target, other, k, files: SharedEarlyExitDrafter(target, random_exit_head(target, 1), k=k),
+    # fitted less: a head close to the 8-token target leaves the residual control too little to catch at K = 1
+    "eagle": lambda target, other, k, files: EagleDrafter(target, eagle_head(target, (2,), steps=40), k=k),
+    "eagle3_reduced_vocab": lambda target, other, k, files: EagleDrafter(
+        target, eagle_head(target, (0, 1, 2), keep_every=2), k=k),
+    "eagle_tree": lambda target, other, k, files: EagleDrafter(target, eagle_head(target, (1, 2)), k=k,
+                                                               branches=2),
 }
 
 

@@ -106,11 +106,15 @@ def test_sampled_tokens_1_to_3_follow_the_target(pair, kind, k, sampling_name):
 
 def verify_with_broken_residual(draft_tokens, parents, draft_probs, target_probs, generator=None):
     """The rule with a classic bug: after a rejection, draw the next token from p, not from
-    norm(max(p - q, 0)). Accepted prefixes and bonus tokens are unchanged (drafts here are chains)."""
+    norm(max(p - q, 0)). Accepted paths and bonus tokens are unchanged. A rejection is where the
+    last accepted node (or the tip) has drafted children; p is the target's there."""
     path, n_accepted, next_token = tree_verify(draft_tokens, parents, draft_probs, target_probs, generator)
     rows = torch.arange(draft_tokens.shape[0])
-    from_p = sample(target_probs[rows, n_accepted], generator)
-    return path, n_accepted, torch.where(n_accepted < draft_tokens.shape[1], from_p, next_token)
+    tip_then_path = torch.cat([torch.full_like(n_accepted[:, None], -1), path], dim=1)  # [B, D+1]
+    last = tip_then_path.gather(1, n_accepted[:, None])[:, 0]  # the last accepted node, -1: the tip
+    rejected = ((parents == last[:, None]) & (draft_probs.sum(-1) > 0)).any(1)
+    from_p = sample(target_probs[rows, last + 1], generator)  # target_probs[:, 0] is the tip's, [:, 1 + i] node i's
+    return path, n_accepted, torch.where(rejected, from_p, next_token)
 
 
 @pytest.mark.slow

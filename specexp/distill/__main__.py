@@ -4,6 +4,7 @@ export the best student (by val/alpha) as an HF folder that `draft=small_lm draf
   python -m specexp.distill student=from_target draft_vocab_size=8192 trainer.max_steps=300
   python -m specexp.distill experiment=distill_smollm2 hydra.run.dir=outputs/distill_smollm2 ckpt_path=last  # resume
   python -m specexp.distill student=exit_head student.exit_layer=12 draft_vocab_size=8192  # an exit head
+  python -m specexp.distill student=eagle3 draft_vocab_size=8192  # an EAGLE-3 head (student=eagle: EAGLE-1)
 """
 
 import json
@@ -27,10 +28,12 @@ from specexp.distill.data import (
     teacher_cache_path,
     with_teacher_top_k,
 )
+from specexp.distill.features import FeatureDistillModule
 from specexp.distill.history import MetricsHistory
 from specexp.distill.module import DistillModule
 from specexp.distill.objectives import objective
 from specexp.draft_vocab import DraftVocab, frequent_tokens
+from specexp.drafts.eagle_head import EagleHead
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.ngram.corpus import vocab_fingerprint
@@ -53,13 +56,18 @@ def distill(cfg: DictConfig, out_dir: Path) -> dict:
     if vocab is not None and student.draft_vocab is not vocab:
         raise UserInputError("draft_vocab_size must be null with student.init_from: the checkpoint brings its own vocabulary")
     dataset = corpus
-    if cfg.teacher_top_k:
+    reads_features = isinstance(student.model, EagleHead)
+    if reads_features and cfg.teacher_top_k:
+        print(f"{student.name} reads the target's hidden states: one live target pass per step gives them and the "
+              f"teacher's distributions (teacher_top_k={cfg.teacher_top_k} unused)")
+    elif cfg.teacher_top_k:
         dataset = cached_dataset(teacher_cache_path(corpus, target, cfg.teacher_top_k, cfg.temperature, student.draft_vocab),
                                  lambda: with_teacher_top_k(corpus, target, cfg.teacher_top_k, cfg.temperature,
                                                             student.draft_vocab, cfg.data.batch_size))
     data = DistillDataModule(dataset, cfg.data.batch_size, cfg.data.val_fraction, cfg.seed)
-    module = DistillModule(student, target, cfg.objective, cfg.temperature, **cfg.optim,
-                           on_policy_ratio=cfg.on_policy.ratio, on_policy_prefix=cfg.on_policy.prefix, seed=cfg.seed)
+    module_class = FeatureDistillModule if reads_features else DistillModule
+    module = module_class(student, target, cfg.objective, cfg.temperature, **cfg.optim,
+                          on_policy_ratio=cfg.on_policy.ratio, on_policy_prefix=cfg.on_policy.prefix, seed=cfg.seed)
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=out_dir / "checkpoints", monitor="val/alpha", mode="max",
                                                      save_last=True, filename="step{step}-alpha{val/alpha:.4f}",
                                                      auto_insert_metric_name=False)

@@ -90,6 +90,31 @@ def draw_children(raw: torch.Tensor, q: torch.Tensor, n: int, sampling: Sampling
     return tokens, torch.stack(probs, 2), raw.gather(-1, tokens)
 
 
+class TreeRegion:
+    """A draft cache's entries for a growing tree, a level per draft step: which earlier entries
+    each new one sees (its ancestors') and each node's entry index (-1 before it is fed)."""
+
+    def __init__(self, batch_size: int, n_nodes: int, device: torch.device):
+        self.seen = torch.zeros(batch_size, 0, 0, dtype=torch.bool, device=device)  # [B, F, F]
+        self.slots = torch.full((batch_size, n_nodes), -1, dtype=torch.long, device=device)  # [B, N]
+
+    @property
+    def n_fed(self) -> int:
+        return self.seen.shape[1]
+
+    def add(self, nodes: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Feed the expanded ``nodes`` [B, e] (their ``parents`` [B, e], -1 under the tip): returns
+        what their entries see within the region [B, e, F+e] (their ancestors' and their own)."""
+        B, F, e, device = nodes.shape[0], self.n_fed, nodes.shape[1], nodes.device
+        parent_entry = self.slots.gather(1, parents.clamp_min(0)).clamp_min(0)  # [B, e]
+        above = self.seen.gather(1, parent_entry[..., None].expand(-1, -1, F))
+        above = above & (parents >= 0)[..., None]  # [B, e, F]: a root child sees no fed node
+        self.seen = torch.cat([torch.cat([self.seen, torch.zeros(B, F, e, dtype=torch.bool, device=device)], 2),
+                               torch.cat([above, torch.eye(e, dtype=torch.bool, device=device).expand(B, -1, -1)], 2)], 1)
+        self.slots.scatter_(1, nodes, F + torch.arange(e, device=device).expand(B, -1))
+        return self.seen[:, F:]
+
+
 def grow_tree(root_raw: torch.Tensor, root_q: torch.Tensor, expand: Expand, branches: int, n_nodes: int,
               depth: int | None, sampling: SamplingConfig, generator: torch.Generator | None) -> DraftTree:
     """A dynamic token tree of at most ``n_nodes`` nodes from the root's distributions [B, V]."""

@@ -10,7 +10,7 @@ from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import DraftVocab, sample_draft
 from specexp.drafts.base import check_k, check_min_confidence
-from specexp.drafts.dynamic_tree import check_tree, grow_tree
+from specexp.drafts.dynamic_tree import TreeRegion, check_tree, grow_tree
 from specexp.drafts.quantize import quantize_linears
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, first_layers, load_model
@@ -174,26 +174,19 @@ class SmallLMDrafter:
         B, device = feed.shape[0], feed.device
         root = self._target_logits(self.kv.forward(self.forward_model, self._draft_ids(feed))[:, -1])  # [B, V]
         tip_position = self.kv.n_valid[:, None] - 1  # [B, 1]: the tip is the last token fed
-        seen = torch.zeros(B, 0, 0, dtype=torch.bool, device=device)  # [B, F, F]: fed nodes' ancestors among them
-        slots = torch.full((B, self.k), -1, dtype=torch.long, device=device)  # node -> slot after the tip
+        region = TreeRegion(B, self.k, device)
 
         def expand(nodes, tokens, parents, depth):  # nodes, tokens, parents [B, e]
-            nonlocal seen
-            F, e = seen.shape[1], nodes.shape[1]
-            above = seen.gather(1, slots.gather(1, parents.clamp_min(0))[..., None].clamp_min(0).expand(-1, -1, F))
-            above = above & (parents >= 0)[..., None]  # [B, e, F]: a root child sees no fed node
-            seen = torch.cat([torch.cat([seen, torch.zeros(B, F, e, dtype=torch.bool, device=device)], 2),
-                              torch.cat([above, torch.eye(e, dtype=torch.bool, device=device).expand(B, -1, -1)], 2)], 1)
-            slots.scatter_(1, nodes, F + torch.arange(e, device=device).expand(B, -1))
-            positions = (tip_position + depth).expand(-1, e)
-            logits = self.kv.forward_nodes(self.forward_model, self._draft_ids(tokens), positions, seen[:, F:],
-                                           logits_to_keep=e)
+            seen = region.add(nodes, parents)
+            positions = (tip_position + depth).expand(-1, nodes.shape[1])
+            logits = self.kv.forward_nodes(self.forward_model, self._draft_ids(tokens), positions, seen,
+                                           logits_to_keep=nodes.shape[1])
             logits = self._target_logits(logits)  # [B, e, V]
             return logits.float().softmax(-1), logits_to_probs(logits, sampling)
 
         tree = grow_tree(root.float().softmax(-1), logits_to_probs(root, sampling), expand, self.branches, self.k,
                          self.depth, sampling, generator)
-        self.node_slots, self.n_fed = slots[:, : tree.tokens.shape[1]], seen.shape[1]
+        self.node_slots, self.n_fed = region.slots[:, : tree.tokens.shape[1]], region.n_fed
         n_proposed = torch.full((B,), tree.tokens.shape[1], dtype=torch.long, device=device)
         return Proposal(tokens=tree.tokens, probs=tree.probs, n_proposed=n_proposed, parents=tree.parents)
 

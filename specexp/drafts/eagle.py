@@ -1,0 +1,148 @@
+"""`draft=eagle`: an EAGLE head (`drafts/eagle_head.py`) drafts chains or EAGLE-2 dynamic trees
+from the target's hidden states, which the engine hands it from its own passes
+(`Context.features`: the prompt's and every verify pass's, rewound with the target's cache).
+
+The head's cache holds one entry per committed token pair (the target's features at slot s,
+the token at s+1), all computed from the target's true features; a round first feeds the pairs
+committed since the last one, whose last output gives the first draft token, then feeds its own
+outputs back (a chain: one entry per step; a tree: a level of expanded nodes per step, each
+seeing its ancestors). After verification every drafted entry is dropped: the accepted tokens
+come back next round as pairs with the target's true features, as in EAGLE.
+"""
+
+from pathlib import Path
+
+import torch
+
+from specexp.core.interface import Context, Proposal
+from specexp.core.kv import StaticRaggedKV, region_mask
+from specexp.core.sampling import SamplingConfig, logits_to_probs
+from specexp.draft_vocab import sample_draft
+from specexp.drafts.base import check_k
+from specexp.drafts.dynamic_tree import TreeRegion, check_tree, grow_tree
+from specexp.drafts.eagle_head import EagleHead
+from specexp.errors import UserInputError
+from specexp.models import LoadedModel
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+SHIPPED = {"eagle": ASSETS / "eagle-smollm2-135m", "eagle3": ASSETS / "eagle3-smollm2-135m"}  # for the default target
+
+
+class EagleDrafter:
+    """Chains (``branches`` = 1) or dynamic trees of ``k`` nodes from an EAGLE head."""
+
+    def __init__(self, target: LoadedModel, head: EagleHead, k: int = 4, branches: int = 1, depth: int | None = None):
+        check_k(k)
+        check_tree(branches, depth)
+        self.dynamic_tree = True  # with branches > 1, grown by drafts/dynamic_tree.py
+        self.k, self.branches, self.depth = k, branches, depth
+        self.head = head
+        self.hidden_layers = head.hidden_layers  # the engine keeps these features in Context.features
+        self.forward = head.decoder()
+        self.kv: StaticRaggedKV | None = None
+        self.filled = False
+        self.n_drafted = 0  # entries the last propose drafted (update drops them)
+
+    def reset(self, ctx: Context) -> None:
+        self.kv = StaticRaggedKV.for_model(self.forward, ctx.tokens.shape[0], ctx.tokens.shape[1], ctx.tokens.device)
+        self.filled = False
+
+    def _run(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The head's layer over inputs x [B, T, H] whose slots the cache just booked -> h [B, T, H]."""
+        return self.forward.run_layers(x, range(1), self.kv, self.kv.mask, positions, mask=mask)
+
+    def _distribution(self, h: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [..., H] -> (untempered draft probabilities, warped q), each [..., V] in the target's ids."""
+        logits = self.head.target_logits(self.forward.logits(h)).float()
+        return logits.softmax(-1), logits_to_probs(logits, sampling)
+
+    def _feed_committed(self, ctx: Context) -> torch.Tensor:
+        """Append every committed pair the cache lacks (rows with fewer give back their newest, so all
+        feed T); returns each row's last output h [B, H] (its next token's features)."""
+        B, device = ctx.tokens.shape[0], ctx.tokens.device
+        pairs = ctx.lengths - 1 - ctx.start  # [B]: (features at s, token at s+1) for s in start..lengths-2
+        if not self.filled:  # the first proposal of a batch: every row's pairs, left-padded to one start
+            self.filled = True
+            first = int(ctx.start.min())
+            T = int(ctx.lengths.max()) - 1 - first
+            slots = first + torch.arange(T, device=device)[None].expand(B, -1)  # [B, T]
+            mask = (slots >= ctx.start[:, None]) & (slots < ctx.lengths[:, None] - 1)
+            last = (ctx.lengths - 2 - first).clamp(0, max(T - 1, 0))  # [B]: each row's last pair
+        else:
+            pending = pairs - self.kv.n_valid
+            T = int(pending.max())
+            self.kv.drop_last(T - pending)
+            slots = ctx.lengths[:, None] - 1 - T + torch.arange(T, device=device)  # [B, T]
+            mask, last = torch.ones_like(slots, dtype=torch.bool), torch.full_like(pairs, T - 1)
+        if T == 0:  # one-token prompts: no features yet; any draft is exact, this one is the zero state's
+            return torch.zeros(B, self.head.config.hidden_size, dtype=self.head.dtype, device=device)
+        slots = slots.clamp_min(0)
+        features = ctx.features.gather(1, slots[..., None].expand(-1, -1, ctx.features.shape[-1]))  # [B, T, F]
+        x = self.head.inputs(ctx.tokens.gather(1, slots + 1), features)
+        h = self._run(x, self.kv.extend(mask.long()))  # [B, T, H]
+        return h.gather(1, last[:, None, None].expand(-1, 1, h.shape[-1]))[:, 0]
+
+    def _step(self, tokens: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """One drafted entry per row: (the head's own h [B, H], the token after it [B]) -> h [B, H]."""
+        x = self.head.inputs(tokens[:, None], g[:, None], fused=True)
+        return self._run(x, self.kv.extend(torch.ones_like(tokens[:, None])))[:, 0]
+
+    @torch.inference_mode()
+    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+        h = self._feed_committed(ctx)
+        if self.branches > 1:
+            return self._propose_tree(h, sampling, generator)
+        tokens, probs = [], []
+        for i in range(self.k):
+            x, q = sample_draft(self.forward.logits(h), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
+            tokens.append(x)
+            probs.append(q)
+            if i + 1 < self.k:
+                h = self._step(x, h)
+        self.n_drafted = self.k - 1
+        n_proposed = torch.full_like(ctx.lengths, self.k)
+        return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), n_proposed=n_proposed)
+
+    def _propose_tree(self, root_h: torch.Tensor, sampling: SamplingConfig,
+                      generator: torch.Generator | None) -> Proposal:
+        B, device = root_h.shape[0], root_h.device
+        last_position = self.kv.n_valid[:, None] - 1  # [B, 1]: the last committed pair's
+        region = TreeRegion(B, self.k, device)
+        node_h = root_h.new_zeros(B, self.k, root_h.shape[-1])  # [B, N, H]: an expanded node's output
+
+        def expand(nodes, tokens, parents, depth):  # nodes, tokens, parents [B, e]
+            e = nodes.shape[1]
+            g = torch.where((parents >= 0)[..., None], node_h.gather(1, parents.clamp_min(0)[..., None].expand(
+                -1, -1, node_h.shape[-1])), root_h[:, None])  # [B, e, H]: the parent's output
+            seen = region.add(nodes, parents)
+            self.kv.extend(torch.ones_like(tokens))
+            h = self._run(self.head.inputs(tokens, g, fused=True), (last_position + depth).expand(-1, e),
+                          region_mask(self.kv.mask, seen))
+            node_h.scatter_(1, nodes[..., None].expand(-1, -1, h.shape[-1]), h)
+            return self._distribution(h, sampling)
+
+        raw, q = self._distribution(root_h, sampling)
+        tree = grow_tree(raw, q, expand, self.branches, self.k, self.depth, sampling, generator)
+        self.n_drafted = region.n_fed
+        n_proposed = torch.full((B,), tree.tokens.shape[1], dtype=torch.long, device=device)
+        return Proposal(tokens=tree.tokens, probs=tree.probs, n_proposed=n_proposed, parents=tree.parents)
+
+    def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
+        # Drafted entries read the head's own features: the accepted tokens return next round with the target's.
+        self.kv.drop_last(torch.full_like(n_accepted, self.n_drafted))
+        self.n_drafted = 0
+
+
+def resolve_head(target: LoadedModel, head: str) -> EagleHead:
+    """A shipped head's name (eagle, eagle3: trained for the default target) or a head folder."""
+    folder = SHIPPED.get(head, head)
+    if head in SHIPPED and not folder.is_dir():
+        raise UserInputError(f"no '{head}' head ships in this install; give a head folder "
+                             f"(python -m specexp.distill student={head})")
+    return EagleHead.load(folder, target).to(target.model.device, target.model.dtype)
+
+
+def eagle_drafter(target: LoadedModel, head: str = "eagle", k: int = 4, branches: int = 1,
+                  depth: int | None = None) -> EagleDrafter:
+    """`draft=eagle`: draft.head = eagle | eagle3 (shipped for the default target) | a head folder."""
+    return EagleDrafter(target, resolve_head(target, str(head)), k=k, branches=branches, depth=depth)

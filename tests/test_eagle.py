@@ -1,0 +1,152 @@
+"""EAGLE heads: drafting computes what training computes (the unrolled steps) through ragged
+rewinds; save/load round trips; a head for another target or layer set is a one-line error;
+Lightning training raises held-out alpha for both recipes; `student=eagle3` -> `draft=eagle`
+end to end. (Greedy identity and chi-square exactness: the eagle kinds of tests/drafters.py in
+test_engine.py and test_exactness.py.)"""
+
+import json
+
+import lightning as L
+import pytest
+import torch
+
+from specexp.core.engine import generate
+from specexp.core.sampling import SamplingConfig
+from specexp.distill.data import token_blocks
+from specexp.distill.features import FeatureDistillModule, eagle_student, teacher_pass
+from specexp.draft_vocab import DraftVocab
+from specexp.drafts.eagle import EagleDrafter, eagle_drafter
+from specexp.drafts.eagle_head import EagleHead, unrolled_mask
+from specexp.errors import UserInputError
+from tests.conftest import EOS, tiny_model
+from tests.drafters import eagle_head
+from tests.test_distill import fit_and_validate, run_distill, run_study, target_documents, toy_corpus_args
+
+NO_EOS = [10**6]
+
+
+class RecordingEagle(EagleDrafter):
+    """Keeps, per round, each row's committed tokens and features and the chain it drafted."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rounds = []
+
+    def propose(self, ctx, sampling, generator):
+        proposal = super().propose(ctx, sampling, generator)
+        rows = [(int(s), int(n)) for s, n in zip(ctx.start, ctx.lengths, strict=True)]
+        self.rounds.append([(ctx.tokens[b, s:n].clone(), ctx.features[b, s:n].clone(), proposal.tokens[b].clone(),
+                             proposal.probs[b].clone()) for b, (s, n) in enumerate(rows)])
+        return proposal
+
+
+@pytest.mark.parametrize("layers", [(2,), (0, 1, 2)])
+def test_drafting_equals_the_training_forward_through_ragged_rewinds(target, prompts, layers):
+    """Round after round, a chain's q at step j is the unrolled training forward's step j over
+    the committed tokens + the chain's first j-1 tokens (step 1: the last committed pair's)."""
+    head = eagle_head(target, layers, keep_every=2 if len(layers) > 1 else None)
+    drafter = RecordingEagle(target, head, k=3)
+    sampling = SamplingConfig(temperature=1.0)
+    out = generate(target.model, prompts, drafter, sampling, 16, NO_EOS, torch.Generator().manual_seed(0))
+    assert any((out.n_accepted[r] != out.n_accepted[r, 0]).any() for r in range(len(out.n_accepted)))  # ragged
+    with torch.no_grad():
+        for snapshot in drafter.rounds[:6]:
+            for tokens, features, chain, q in snapshot:
+                sequence = torch.cat([tokens, chain[:2]])[None]  # [1, n + 2]
+                padded = torch.cat([features[:-1], features.new_zeros(3, features.shape[-1])])[None]  # the tip's: none yet
+                steps = head.unrolled(sequence, padded, 3)
+                for j in range(3):  # step j+1's entry for the chain's token j reads ... the committed pairs
+                    logits = head.target_logits(steps[j][0][0, len(tokens) - 2 + j])
+                    torch.testing.assert_close(q[j], torch.softmax(logits.float(), -1).to(q.dtype), rtol=1e-6, atol=1e-9)
+
+
+def test_unrolled_mask_is_what_drafting_step_j_sees():
+    mask = unrolled_mask(5, 3, torch.device("cpu"))[0, 0]  # [5, 15]: entries 0..4 of step 3
+    t = 4  # step 3's entry at t: step 1's entries up to t - 2, step 2's at t - 1, itself
+    assert mask[t, :5].tolist() == [True, True, True, False, False]
+    assert mask[t, 5:10].tolist() == [False, False, False, True, False]
+    assert mask[t, 10:].tolist() == [False, False, False, False, True]
+    assert mask.any(-1).all()  # no entry sees nothing (SDPA would make NaNs)
+
+
+def test_save_load_round_trip_and_errors(target, tmp_path):
+    head = eagle_head(target, (0, 1, 2), keep_every=2)
+    head.save(tmp_path / "head")
+    loaded = EagleHead.load(tmp_path / "head", target)
+    assert sorted(p.name for p in (tmp_path / "head").iterdir()) == ["draft_vocab.json", "eagle_head.json",
+                                                                     "eagle_head.safetensors"]
+    ids = torch.tensor([[5, 9, 2, 7, 7, 30]])
+    features = teacher_pass(target.model, ids, (0, 1, 2))[1]
+    with torch.no_grad():
+        for (a, _), (b, _) in zip(head.unrolled(ids, features, 2), loaded.unrolled(ids, features, 2), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert loaded.hidden_layers == (0, 1, 2) and loaded.draft_vocab.size == head.draft_vocab.size
+    assert sum(p.numel() for p in loaded.parameters()) == sum(p.numel() for p in head.parameters())  # no target weights
+
+    for other, why in ((tiny_model(0, layers=3), "layers"), (tiny_model(0, layers=2, vocab_size=80), "vocabulary"),
+                       (tiny_model(0, layers=2, hidden=48), "hidden size")):
+        with pytest.raises(UserInputError, match="was trained for another target") as error:
+            EagleHead.load(tmp_path / "head", other)
+        assert "\n" not in str(error.value), why
+    with pytest.raises(UserInputError, match=r"hidden_layers=\[3\] is not allowed; give indices in 0..2"):
+        EagleHead(target, (3,))
+    with pytest.raises(UserInputError, match="no eagle_head.json there"):
+        eagle_drafter(target, head=str(tmp_path / "nothing"))
+    with pytest.raises(UserInputError, match=r"student.unroll_steps=0 is not allowed"):
+        eagle_student(target, unroll_steps=0)
+    with pytest.raises(UserInputError, match=r"feature_loss_weight=0.1 regresses .* hidden_layers=\[0, 2\] has 2"):
+        eagle_student(target, hidden_layers=[0, 2], feature_loss_weight=0.1)
+
+
+@pytest.fixture(scope="module")
+def sharp_pair():
+    target = tiny_model(0, layers=2, vocab_size=64, scale=10.0)  # sharp: an untrained head's alpha is ~0.55
+    target.model.float()
+    return target, token_blocks(target_documents(target), EOS, 32)
+
+
+@pytest.mark.parametrize("recipe", ["eagle", "eagle3"])
+def test_training_raises_heldout_alpha(sharp_pair, tmp_path, recipe):
+    """student=eagle (top state, feature regression) and student=eagle3 (three layers fused, a
+    reduced vocabulary, unrolled steps) through the Lightning module."""
+    target, blocks = sharp_pair
+    L.seed_everything(0)
+    if recipe == "eagle":
+        student = eagle_student(target, feature_loss_weight=0.1)
+    else:
+        vocab = DraftVocab(sorted(set(range(0, 64, 2)) | {EOS}), 64)
+        student = eagle_student(target, hidden_layers=[0, 1, 2], unroll_steps=2,
+                                draft_vocab=vocab)
+    module = FeatureDistillModule(student, target, "forward_kl", lr=1e-2, warmup_steps=2)
+    before, after = fit_and_validate(tmp_path, module, blocks, steps=100)
+    assert after["val/alpha"] > before["val/alpha"] + 0.05, (before, after)
+    assert after["val/loss"] < before["val/loss"]
+    if recipe == "eagle3":
+        assert after["val/alpha_step2"] > before["val/alpha_step2"] + 0.05
+    # the trained head drafts exactly (greedy)
+    drafter = EagleDrafter(target, student.model.eval(), k=3)
+    prompts = [[5, 6, 7, 8], [3, 4, 9]]
+    alone = generate(target.model, prompts, None, SamplingConfig(), 12, NO_EOS)
+    spec = generate(target.model, prompts, drafter, SamplingConfig(), 12, NO_EOS)
+    assert spec.tokens == alone.tokens and int(spec.n_accepted.sum()) > 0
+
+
+@pytest.mark.default_target
+def test_eagle3_command_end_to_end(tmp_path):
+    """student=eagle3 on the default target at toy size exports a head folder that draft=eagle
+    runs exactly, as a chain and as a dynamic tree."""
+    run_dir = tmp_path / "run"
+    out = run_distill("student=eagle3", "student.intermediate_size=256", "draft_vocab_size=512",
+                      *toy_corpus_args(tmp_path), "trainer.max_steps=4", "trainer.val_check_interval=2",
+                      f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "teacher_top_k=64 unused" in out.stdout
+    head = run_dir / "student"
+    config = json.loads((head / "eagle_head.json").read_text())
+    assert config["hidden_layers"] == [2, 15, 27] and config["target_layers"] == 30
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["steps"] == 4 and result["parameters"] < 4_000_000  # the head alone (the target has 135M)
+    for tree in ([], ["draft.branches=2", "draft.k=4"]):
+        study = run_study("draft=eagle", f"draft.head={head}", *tree, f"hydra.run.dir={tmp_path / 'study' / str(len(tree))}")
+        assert study.returncode == 0, study.stderr[-3000:]
+        assert json.loads((tmp_path / "study" / str(len(tree)) / "summary.json").read_text())["greedy_match"] == 1.0
