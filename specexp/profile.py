@@ -301,6 +301,8 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
     context = target.context_length or max(context_lengths) + max_tokens
     lengths = [length for length in context_lengths if length + max_tokens <= context] or [max(context - max_tokens, 1)]
     ks = list(range(1, max_tokens))
+    if drafter is not None and getattr(drafter, "max_k", None):  # a draft that proposes at most max_k (Medusa's chain)
+        ks = ks[: drafter.max_k]
     entry = {} if profile is None else profile.drafts.get(draft_name, {})
     need_draft = drafter is not None and (len(entry.get("k", [])) < len(ks) or entry.get("method") != DRAFT_METHOD
                                           or (grows_trees(drafter) and "slot_reached" not in entry))

@@ -156,3 +156,15 @@ def smoke_k_sweep(tmp_path_factory):
                           "draft.k=1,2,auto,heuristic", f"hydra.sweep.dir={sweep}"],
                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=1200, env=env)
     return sweep, out
+
+
+@pytest.fixture(scope="session")
+def sharp_pair():
+    """A sharp 64-token target in fp32 (an untrained feature head's alpha is ~0.55) and token
+    blocks of its own samples: what feature-head training tests learn from."""
+    from specexp.distill.data import token_blocks
+    from tests.test_distill import target_documents
+
+    target = tiny_model(0, layers=2, vocab_size=64, scale=10.0)
+    target.model.float()
+    return target, token_blocks(target_documents(target), EOS, 32)

@@ -6,6 +6,7 @@ from specexp.core.interface import Context, Drafter, Proposal
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.eagle import EagleDrafter
 from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
+from specexp.drafts.medusa import MedusaDrafter
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.retrieval import RetrievalDrafter
@@ -51,40 +52,61 @@ def distilled_like(target: LoadedModel, other: LoadedModel, k: int) -> SmallLMDr
     return SmallLMDrafter(target, draft, k=k, min_confidence=confidence_quantile(draft), quantize="int8")
 
 
-def fit_eagle_head(target: LoadedModel, hidden_layers: tuple[int, ...], keep_every: int | None, steps: int):
-    from specexp.distill.features import step_losses, teacher_pass
+def fit_feature_head(target: LoadedModel, head, steps: int):
+    """``steps`` Adam steps of the training loss, teacher-forced on random sequences: enough for a
+    tiny target's greedy drafts to be accepted at times."""
+    from specexp.distill.features import prediction_losses, teacher_pass
     from specexp.distill.objectives import objective
-    from specexp.draft_vocab import DraftVocab
-    from specexp.drafts.eagle_head import EagleHead
 
-    vocab = None
-    if keep_every:
-        vocab = DraftVocab(sorted(set(range(0, target.vocab_size, keep_every)) | {EOS}), target.vocab_size)
-    torch.manual_seed(0)
-    head = EagleHead(target, hidden_layers, draft_vocab=vocab)
     optimizer = torch.optim.Adam(head.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(0)
-    for _ in range(steps):  # teacher-forced on random sequences: enough to agree with the target at times
+    for _ in range(steps):
         ids = torch.randint(2, target.vocab_size, (8, 24), generator=g)
-        teacher_logits, features = teacher_pass(target.model, ids, hidden_layers)
-        loss = step_losses(head, head.unrolled(ids, features, 2), teacher_logits, objective("forward_kl"), 1.0)
+        teacher_logits, features = teacher_pass(target.model, ids, head.hidden_layers)
+        predictions = head.predictions(ids, features)
+        losses = prediction_losses(head, predictions, teacher_logits, objective("forward_kl"), 1.0)
         optimizer.zero_grad()
-        torch.stack(loss).mean().backward()
+        sum(p.weight * loss for p, loss in zip(predictions, losses, strict=True)).backward()
         optimizer.step()
     return head.eval()
 
 
+def every_other_token(target: LoadedModel, keep_every: int | None):
+    """A draft vocabulary of every keep_every-th id + EOS (None: the target's)."""
+    from specexp.draft_vocab import DraftVocab
+
+    if not keep_every:
+        return None
+    return DraftVocab(sorted(set(range(0, target.vocab_size, keep_every)) | {EOS}), target.vocab_size)
+
+
 def eagle_head(target: LoadedModel, hidden_layers: tuple[int, ...], keep_every: int | None = None, steps: int = 150):
-    """An EAGLE head for a tiny target, briefly fitted (``steps`` Adam steps, two unrolled steps)
-    so that greedy drafts are sometimes accepted; with ``keep_every`` a reduced vocabulary of
-    every keep_every-th id + EOS and its own head. Exactness holds for any head."""
-    key = (target.name, tuple(hidden_layers), keep_every, steps)
-    if key not in _EAGLE_HEADS:
-        _EAGLE_HEADS[key] = fit_eagle_head(target, tuple(hidden_layers), keep_every, steps)
-    return _EAGLE_HEADS[key]
+    """An EAGLE head for a tiny target, briefly fitted with two unrolled steps; with ``keep_every``
+    a reduced vocabulary and its own head. Exactness holds for any head."""
+    from specexp.drafts.eagle_head import EagleHead
+
+    key = ("eagle", target.name, tuple(hidden_layers), keep_every, steps)
+    if key not in _FITTED:
+        torch.manual_seed(0)
+        head = EagleHead(target, tuple(hidden_layers), draft_vocab=every_other_token(target, keep_every))
+        head.unroll_steps = 2
+        _FITTED[key] = fit_feature_head(target, head, steps)
+    return _FITTED[key]
 
 
-_EAGLE_HEADS = {}  # one fit per tiny target and recipe for the whole session
+def medusa_heads(target: LoadedModel, n_heads: int = 4, keep_every: int | None = None, steps: int = 150):
+    """Medusa heads for a tiny target, briefly fitted."""
+    from specexp.drafts.medusa_heads import MedusaHeads
+
+    key = ("medusa", target.name, n_heads, keep_every, steps)
+    if key not in _FITTED:
+        torch.manual_seed(0)
+        _FITTED[key] = fit_feature_head(target, MedusaHeads(target, None, every_other_token(target, keep_every), n_heads),
+                                        steps)
+    return _FITTED[key]
+
+
+_FITTED = {}  # one fit per tiny target and recipe for the whole session
 
 
 # Every draft strategy (and its options that change what is proposed), built for a tiny target:
@@ -125,6 +147,9 @@ DRAFT_KINDS = {
         target, eagle_head(target, (0, 1, 2), keep_every=2), k=k),
     "eagle_tree": lambda target, other, k, files: EagleDrafter(target, eagle_head(target, (1, 2)), k=k,
                                                                branches=2),
+    "medusa": lambda target, other, k, files: MedusaDrafter(target, medusa_heads(target, n_heads=max(k, 2)), k=k),
+    "medusa_tree_reduced_vocab": lambda target, other, k, files: MedusaDrafter(
+        target, medusa_heads(target, n_heads=3, keep_every=2), k=k, branches=2),
 }
 
 

@@ -12,7 +12,6 @@ import torch
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.distill.data import token_blocks
 from specexp.distill.features import FeatureDistillModule, eagle_student, teacher_pass
 from specexp.draft_vocab import DraftVocab
 from specexp.drafts.eagle import EagleDrafter, eagle_drafter
@@ -20,7 +19,7 @@ from specexp.drafts.eagle_head import EagleHead, unrolled_mask
 from specexp.errors import UserInputError
 from tests.conftest import EOS, tiny_model
 from tests.drafters import eagle_head
-from tests.test_distill import fit_and_validate, run_distill, run_study, target_documents, toy_corpus_args
+from tests.test_distill import fit_and_validate, run_distill, run_study, toy_corpus_args
 
 NO_EOS = [10**6]
 
@@ -96,13 +95,6 @@ def test_save_load_round_trip_and_errors(target, tmp_path):
         eagle_student(target, unroll_steps=0)
     with pytest.raises(UserInputError, match=r"feature_loss_weight=0.1 regresses .* hidden_layers=\[0, 2\] has 2"):
         eagle_student(target, hidden_layers=[0, 2], feature_loss_weight=0.1)
-
-
-@pytest.fixture(scope="module")
-def sharp_pair():
-    target = tiny_model(0, layers=2, vocab_size=64, scale=10.0)  # sharp: an untrained head's alpha is ~0.55
-    target.model.float()
-    return target, token_blocks(target_documents(target), EOS, 32)
 
 
 @pytest.mark.parametrize("recipe", ["eagle", "eagle3"])

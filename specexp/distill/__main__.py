@@ -5,6 +5,7 @@ export the best student (by val/alpha) as an HF folder that `draft=small_lm draf
   python -m specexp.distill experiment=distill_smollm2 hydra.run.dir=outputs/distill_smollm2 ckpt_path=last  # resume
   python -m specexp.distill student=exit_head student.exit_layer=12 draft_vocab_size=8192  # an exit head
   python -m specexp.distill student=eagle3 draft_vocab_size=8192  # an EAGLE-3 head (student=eagle: EAGLE-1)
+  python -m specexp.distill student=medusa draft_vocab_size=8192   # Medusa heads
 """
 
 import json
@@ -33,7 +34,7 @@ from specexp.distill.history import MetricsHistory
 from specexp.distill.module import DistillModule
 from specexp.distill.objectives import objective
 from specexp.draft_vocab import DraftVocab, frequent_tokens
-from specexp.drafts.eagle_head import EagleHead
+from specexp.drafts.feature_head import FeatureHead
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.ngram.corpus import vocab_fingerprint
@@ -56,7 +57,7 @@ def distill(cfg: DictConfig, out_dir: Path) -> dict:
     if vocab is not None and student.draft_vocab is not vocab:
         raise UserInputError("draft_vocab_size must be null with student.init_from: the checkpoint brings its own vocabulary")
     dataset = corpus
-    reads_features = isinstance(student.model, EagleHead)
+    reads_features = isinstance(student.model, FeatureHead)
     if reads_features and cfg.teacher_top_k:
         print(f"{student.name} reads the target's hidden states: one live target pass per step gives them and the "
               f"teacher's distributions (teacher_top_k={cfg.teacher_top_k} unused)")

@@ -1,12 +1,13 @@
-"""Distilling feature drafts (`student=eagle`, `student=eagle3`): an EAGLE head trained on the
-frozen target's hidden states, computed in each training step by the same target pass that
+"""Distilling feature drafts (`student=eagle`, `student=eagle3`, `student=medusa`): heads trained on
+the frozen target's hidden states, computed in each training step by the same target pass that
 gives the teacher's distributions (nothing cached: one pass gives both).
 
-The loss per unrolled step j (EAGLE-3's training-time test: step j reads step j-1's own outputs
-and attends as drafting step j does) is the token objective (forward KL, TVD, ...) between the
-teacher's next-token distribution and the head's, over the entries that step has; EAGLE-1 adds
-a smooth-L1 regression of the head's output on the target's next features (its one feature
-layer must then be the one it predicts).
+The loss is the token objective (forward KL, TVD, ...) between the teacher's next-token
+distributions and each of the head's predictions (`FeatureHead.predictions`): per unrolled EAGLE
+step j (EAGLE-3's training-time test: step j reads step j-1's own outputs and attends as
+drafting step j does), per Medusa head i (the token i+2 ahead). EAGLE-1 adds a smooth-L1
+regression of the head's output on the target's next features (its one feature layer must then
+be the one it predicts).
 """
 
 import torch
@@ -17,7 +18,9 @@ from specexp.core.kv import hidden_features
 from specexp.distill.module import DistillModule
 from specexp.distill.objectives import total_variation, warped_log_probs
 from specexp.draft_vocab import DraftVocab
-from specexp.drafts.eagle_head import EagleHead, check_hidden_layers, eagle3_layers
+from specexp.drafts.eagle_head import EagleHead, eagle3_layers
+from specexp.drafts.feature_head import FeatureHead, Prediction, check_hidden_layers
+from specexp.drafts.medusa_heads import MedusaHeads
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
@@ -30,63 +33,64 @@ def teacher_pass(model: PreTrainedModel, input_ids: torch.Tensor,
     return out.logits, hidden_features(out, hidden_layers)
 
 
-def step_losses(head: EagleHead, outputs: list[tuple[torch.Tensor, torch.Tensor]], teacher_logits: torch.Tensor,
-                loss_fn, temperature: float) -> list[torch.Tensor]:
-    """The token loss (a scalar) of each unrolled step's logits (`EagleHead.unrolled`). Entry t
-    reads the features at t and token t+1 and predicts token t+2: the teacher's distribution at
-    position t+1."""
-    log_p = warped_log_probs(teacher_logits[:, 1:], temperature)  # [B, T-1, V]
+def prediction_losses(head: FeatureHead, predictions: list[Prediction], teacher_logits: torch.Tensor, loss_fn,
+                      temperature: float) -> list[torch.Tensor]:
+    """The token loss (a scalar) of each prediction against the teacher's distributions at its
+    positions, in the head's vocabulary."""
+    log_p = warped_log_probs(teacher_logits, temperature)  # [B, T, V]
     if head.draft_vocab is not None:
-        log_p = head.draft_vocab.coarsen_log_probs(log_p)  # [B, T-1, N+1]
+        log_p = head.draft_vocab.coarsen_log_probs(log_p)  # [B, T, N+1]
     losses = []
-    for step, (logits, _) in enumerate(outputs, start=1):
-        kept = slice(step - 1, None)  # entries before step - 1 have no draft step `step`
-        log_q = warped_log_probs(logits[:, kept], temperature)
-        losses.append(loss_fn(log_p[:, kept].flatten(0, 1), log_q.flatten(0, 1)).mean())
+    for p in predictions:
+        n = p.logits.shape[1]
+        log_q = warped_log_probs(p.logits, temperature)
+        losses.append(loss_fn(log_p[:, p.first : p.first + n].flatten(0, 1), log_q.flatten(0, 1)).mean())
     return losses
 
 
 class FeatureDistillModule(DistillModule):
-    """DistillModule for an EAGLE head: ``unroll_steps`` and ``feature_loss_weight`` come with the
-    student (`eagle_student`). Validation logs what drafting sees at its first step (val/alpha,
-    val/greedy_match, in the target's vocabulary at T = 1) and val/alpha_step{j} for later steps."""
+    """DistillModule for a head over the target's features (EAGLE's steps, Medusa's heads: the
+    head's `predictions`, weighted). Validation logs what drafting's first token sees (val/alpha,
+    val/greedy_match, in the target's vocabulary at T = 1) and val/alpha_{name} for the others."""
 
-    def _passes(self, input_ids: torch.Tensor):
-        """The teacher's logits [B, T, V] and features [B, T, F]; the head's unrolled steps."""
-        head = self.student
-        teacher_logits, features = teacher_pass(self.teacher, input_ids, head.hidden_layers)
-        return teacher_logits, features, head.unrolled(input_ids, features, head.unroll_steps)
+    def _passes(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[Prediction]]:
+        """The teacher's logits [B, T, V] and features [B, T, F]; the head's predictions."""
+        teacher_logits, features = teacher_pass(self.teacher, input_ids, self.student.hidden_layers)
+        return teacher_logits, features, self.student.predictions(input_ids, features)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         head = self.student
-        teacher_logits, features, outputs = self._passes(batch["input_ids"])
-        losses = step_losses(head, outputs, teacher_logits, self.loss_fn, self.hparams.temperature)
-        loss = torch.stack(losses).mean()
-        for step, value in enumerate(losses, start=1):
-            self.log(f"train/loss_step{step}", value)
-        if head.feature_loss_weight:
-            h = outputs[0][1]  # [B, T-1, H]: entry t's output stands in for the features at t+1
-            feature_loss = F.smooth_l1_loss(h.float(), features[:, 1:].float())
+        teacher_logits, features, predictions = self._passes(batch["input_ids"])
+        losses = prediction_losses(head, predictions, teacher_logits, self.loss_fn, self.hparams.temperature)
+        loss = sum(p.weight * value for p, value in zip(predictions, losses, strict=True))
+        for p, value in zip(predictions, losses, strict=True):
+            self.log(f"train/loss_{p.name}", value)
+        if getattr(head, "feature_loss_weight", 0.0):
+            first = predictions[0]  # its hidden states stand in for the target's features at its positions
+            n = first.hidden.shape[1]
+            feature_loss = F.smooth_l1_loss(first.hidden.float(), features[:, first.first : first.first + n].float())
             self.log("train/feature_loss", feature_loss)
             loss = loss + head.feature_loss_weight * feature_loss
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        teacher_logits, _, outputs = self._passes(batch["input_ids"])
-        losses = step_losses(self.student, outputs, teacher_logits, self.loss_fn, self.hparams.temperature)
+        head = self.student
+        teacher_logits, _, predictions = self._passes(batch["input_ids"])
+        losses = prediction_losses(head, predictions, teacher_logits, self.loss_fn, self.hparams.temperature)
         self.log("val/loss", losses[0])
-        teacher = warped_log_probs(teacher_logits[:, 1:])
-        for step, (logits, _) in enumerate(outputs, start=1):
-            student = warped_log_probs(self.student.target_logits(logits))  # zero outside a draft vocabulary
-            kept = slice(step - 1, None)
-            alpha = 1 - total_variation(teacher[:, kept].flatten(0, 1), student[:, kept].flatten(0, 1)).mean()
-            if step == 1:
+        teacher = warped_log_probs(teacher_logits)
+        for i, p in enumerate(predictions):
+            n = p.logits.shape[1]
+            expected = teacher[:, p.first : p.first + n].flatten(0, 1)
+            student = warped_log_probs(head.target_logits(p.logits)).flatten(0, 1)  # zero outside a draft vocabulary
+            alpha = 1 - total_variation(expected, student).mean()
+            if i == 0:
                 self.log("val/tvd", 1 - alpha)
                 self.log("val/alpha", alpha, prog_bar=True)
-                self.log("val/greedy_match", (teacher.argmax(-1) == student.argmax(-1)).float().mean())
+                self.log("val/greedy_match", (expected.argmax(-1) == student.argmax(-1)).float().mean())
             else:
-                self.log(f"val/alpha_step{step}", alpha)
+                self.log(f"val/alpha_{p.name}", alpha)
 
 
 def eagle_student(target: LoadedModel, hidden_layers: list[int] | str | None = None, unroll_steps: int = 1,
@@ -109,3 +113,13 @@ def eagle_student(target: LoadedModel, hidden_layers: list[int] | str | None = N
     head.unroll_steps, head.feature_loss_weight = unroll_steps, feature_loss_weight
     name = f"eagle-{'-'.join(map(str, layers))}"
     return LoadedModel(model=head.train(), tokenizer=target.tokenizer, name=name, draft_vocab=draft_vocab)
+
+
+def medusa_student(target: LoadedModel, n_heads: int = 4, n_blocks: int = 1, draft_vocab: DraftVocab | None = None,
+                   seed: int = 0) -> LoadedModel:
+    """Fresh Medusa heads for the target (`student=medusa`), over its normed last state; exported
+    as a head folder for `draft=medusa draft.head=PATH`."""
+    torch.manual_seed(seed)
+    heads = MedusaHeads(target, None, draft_vocab, n_heads=n_heads, n_blocks=n_blocks).float()
+    return LoadedModel(model=heads.train(), tokenizer=target.tokenizer, name=f"medusa-{n_heads}x{n_blocks}",
+                       draft_vocab=draft_vocab)

@@ -14,39 +14,25 @@ instead of a layer whose attention input is 2H wide.
 
 The head quacks like a Llama causal LM (``get_decoder``, ``get_output_embeddings``, ``config``) so
 the lean decoder runs its layer; the target's embedding (and head, when shared) are held outside
-the module tree: parameters(), state_dict() and .to() are the head's alone.
-Saved as ``eagle_head.json`` + ``eagle_head.safetensors`` (+ ``draft_vocab.json``).
+the module tree (`drafts/feature_head.py`). Saved as ``eagle_head.json`` + ``eagle_head.safetensors``
+(+ ``draft_vocab.json``).
 """
-
-import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specexp.draft_vocab import DraftVocab, restrict_rows
-from specexp.errors import UserInputError
+from specexp.drafts.feature_head import FeatureHead, Prediction
 from specexp.models import LoadedModel
-from specexp.ngram.corpus import vocab_fingerprint
 from specexp.runtime.decoder import LeanDecoder, lean_decoder
-
-HEAD_CONFIG = "eagle_head.json"
-HEAD_WEIGHTS = "eagle_head.safetensors"
 
 
 def eagle3_layers(n_layers: int) -> tuple[int, int, int]:
     """EAGLE-3's low, middle and high features of an N-layer target (output_hidden_states numbering)."""
     return 2, n_layers // 2, n_layers - 3
-
-
-def check_hidden_layers(hidden_layers: tuple[int, ...], n_layers: int) -> None:
-    if not hidden_layers or any(not 0 <= j <= n_layers for j in hidden_layers):
-        raise UserInputError(f"hidden_layers={list(hidden_layers)} is not allowed; give indices in 0..{n_layers} "
-                             f"(0 the embeddings, j the output of layer j, {n_layers} the normed last state)")
 
 
 class EagleTrunk(nn.Module):
@@ -65,17 +51,16 @@ class EagleTrunk(nn.Module):
         return self._embed[0]
 
 
-class EagleHead(nn.Module):
+class EagleHead(FeatureHead):
     """(features [.., F] at t, token at t+1) -> h_{t+1} [.., H] -> logits [.., C] (C = V, or N+1)."""
+
+    kind = "eagle"
 
     def __init__(self, target: LoadedModel, hidden_layers: tuple[int, ...], draft_vocab: DraftVocab | None = None,
                  own_head: bool = False, intermediate_size: int | None = None):
-        super().__init__()
+        super().__init__(target, hidden_layers, draft_vocab)
         text = target.model.config.get_text_config()
-        H, n_layers = text.hidden_size, text.num_hidden_layers
-        check_hidden_layers(tuple(hidden_layers), n_layers)
-        self.hidden_layers, self.target_layers = tuple(hidden_layers), n_layers
-        self.draft_vocab, self.fingerprint = draft_vocab, vocab_fingerprint(target)
+        H = self.hidden_size
         self.own_head = own_head or draft_vocab is not None
         output_size = target.vocab_size if draft_vocab is None else draft_vocab.size + 1
         self.config = LlamaConfig(
@@ -99,6 +84,9 @@ class EagleHead(nn.Module):
                 self.lm_head.weight.copy_(weight)
                 self.model.norm.weight.copy_(decoder.norm.weight.detach().float())
         self.to(device=target.model.device, dtype=target.model.dtype)
+
+    def options(self) -> dict:
+        return {"own_head": self.own_head, "intermediate_size": self.config.intermediate_size}
 
     def get_decoder(self) -> EagleTrunk:
         return self.model
@@ -124,9 +112,12 @@ class EagleHead(nn.Module):
         g = features if fused or self.fuse is None else self.fuse(features.to(self.dtype))
         return self.fc(torch.cat([self.model.embed_tokens(tokens).to(self.dtype), g.to(self.dtype)], dim=-1))
 
-    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits [..., C] -> [..., V] in the target's ids (-inf outside a draft vocabulary's tokens)."""
-        return logits if self.draft_vocab is None else self.draft_vocab.to_target_logits(logits)
+    def predictions(self, input_ids: torch.Tensor, features: torch.Tensor) -> list[Prediction]:
+        """Per unrolled step j (``unroll_steps``, set by training): entries j-1.. predict the
+        teacher's positions j.. (entry t reads features t and token t+1)."""
+        steps = self.unrolled(input_ids, features, getattr(self, "unroll_steps", 1))
+        return [Prediction(f"step{j}", logits[:, j - 1 :], j, 1 / len(steps), h[:, j - 1 :])
+                for j, (logits, h) in enumerate(steps, start=1)]
 
     def unrolled(self, tokens: torch.Tensor, features: torch.Tensor, steps: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Training: the head over a whole sequence (tokens [B, T], the target's features [B, T, F]),
@@ -144,40 +135,6 @@ class EagleHead(nn.Module):
             outputs.append((decoder.logits(h), h))
             g, fused = F.pad(h[:, :-1], (0, 0, 1, 0)), True  # entry t of the next step reads h at t-1
         return outputs
-
-    def save(self, folder: str | Path) -> None:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, folder / HEAD_WEIGHTS)
-        config = {"hidden_layers": list(self.hidden_layers), "target_layers": self.target_layers,
-                  "hidden_size": self.config.hidden_size, "intermediate_size": self.config.intermediate_size,
-                  "own_head": self.own_head, "output_size": self.config.vocab_size, "vocab_fingerprint": self.fingerprint}
-        (folder / HEAD_CONFIG).write_text(json.dumps(config, indent=2))
-        if self.draft_vocab is not None:
-            self.draft_vocab.save(folder)
-
-    def save_pretrained(self, folder: str | Path) -> None:  # what `specexp.distill` calls to export a student
-        self.save(folder)
-
-    @classmethod
-    def load(cls, folder: str | Path, target: LoadedModel) -> "EagleHead":
-        """A saved head, checked against the target whose features and ids it reads."""
-        folder = Path(folder).expanduser()
-        if not (folder / HEAD_CONFIG).is_file():
-            raise UserInputError(f"EAGLE head '{folder}' does not exist (no {HEAD_CONFIG} there); give a folder "
-                                 f"written by `python -m specexp.distill student=eagle` (or student=eagle3)")
-        config = json.loads((folder / HEAD_CONFIG).read_text())
-        text = target.model.config.get_text_config()
-        fingerprint = vocab_fingerprint(target)
-        mine = (config["hidden_size"], config["target_layers"], config["vocab_fingerprint"])
-        theirs = (text.hidden_size, text.num_hidden_layers, fingerprint)
-        if mine != theirs:
-            raise UserInputError(f"EAGLE head '{folder}' was trained for another target (hidden size, layers, "
-                                 f"vocabulary {mine}); '{target.name}' has {theirs}")
-        head = cls(target, tuple(config["hidden_layers"]), DraftVocab.load(folder), config["own_head"],
-                   config["intermediate_size"])
-        head.load_state_dict({k: v.to(head.dtype) for k, v in load_file(folder / HEAD_WEIGHTS).items()})
-        return head.eval()
 
 
 def unrolled_mask(T: int, step: int, device: torch.device) -> torch.Tensor:
