@@ -20,6 +20,7 @@ from specexp.errors import UserInputError
 from tests.conftest import EOS, tiny_model
 from tests.drafters import eagle_head
 from tests.test_distill import fit_and_validate, run_distill, run_study, toy_corpus_args
+from tests.test_engine import ScriptedK
 
 NO_EOS = [10**6]
 
@@ -39,24 +40,36 @@ class RecordingEagle(EagleDrafter):
         return proposal
 
 
+@pytest.mark.parametrize("scripted", [False, True], ids=["k=3", "k-per-round"])
 @pytest.mark.parametrize("layers", [(2,), (0, 1, 2)])
-def test_drafting_equals_the_training_forward_through_ragged_rewinds(target, prompts, layers):
+def test_drafting_equals_the_training_forward_through_ragged_rewinds(target, prompts, layers, scripted):
     """Round after round, a chain's q at step j is the unrolled training forward's step j over
-    the committed tokens + the chain's first j-1 tokens (step 1: the last committed pair's)."""
+    the committed tokens + the chain's first j-1 tokens (step 1: the last committed pair's); also
+    when rounds skip the draft and K changes (pairs pile up), and beside a one-token prompt."""
     head = eagle_head(target, layers, keep_every=2 if len(layers) > 1 else None)
     drafter = RecordingEagle(target, head, k=3)
-    sampling = SamplingConfig(temperature=1.0)
-    out = generate(target.model, prompts, drafter, sampling, 16, NO_EOS, torch.Generator().manual_seed(0))
-    assert any((out.n_accepted[r] != out.n_accepted[r, 0]).any() for r in range(len(out.n_accepted)))  # ragged
+    policy = ScriptedK(seed=3) if scripted else None
+    out = generate(target.model, [*prompts, [7]], drafter, SamplingConfig(temperature=1.0), 16, NO_EOS,
+                   torch.Generator().manual_seed(0), k_policy=policy)
+    if scripted:  # rounds without the draft between drafted ones: pairs pile up
+        assert 0 in out.k_chosen and max(out.k_chosen) > 0
+    else:
+        assert any((out.n_accepted[r] != out.n_accepted[r, 0]).any() for r in range(len(out.n_accepted)))  # ragged
+    checked = 0
     with torch.no_grad():
-        for snapshot in drafter.rounds[:6]:
+        for snapshot in drafter.rounds[:8]:
             for tokens, features, chain, q in snapshot:
-                sequence = torch.cat([tokens, chain[:2]])[None]  # [1, n + 2]
-                padded = torch.cat([features[:-1], features.new_zeros(3, features.shape[-1])])[None]  # the tip's: none yet
-                steps = head.unrolled(sequence, padded, 3)
-                for j in range(3):  # step j+1's entry for the chain's token j reads ... the committed pairs
+                if len(tokens) < 2:  # a one-token prompt has no features before its first round
+                    continue
+                n = chain.shape[0]
+                sequence = torch.cat([tokens, chain[: n - 1]])[None]  # [1, len + n - 1]
+                padded = torch.cat([features[:-1], features.new_zeros(n, features.shape[-1])])[None]  # the tip's: none yet
+                steps = head.unrolled(sequence, padded, n)
+                for j in range(n):  # step j+1's entry for the chain's token j (entry t reads token t+1)
                     logits = head.target_logits(steps[j][0][0, len(tokens) - 2 + j])
                     torch.testing.assert_close(q[j], torch.softmax(logits.float(), -1).to(q.dtype), rtol=1e-6, atol=1e-9)
+                    checked += 1
+    assert checked >= 3 * len(prompts) * 2  # at least two rounds of every row with features
 
 
 def test_unrolled_mask_is_what_drafting_step_j_sees():

@@ -57,8 +57,8 @@ class EagleDrafter:
         return logits.softmax(-1), logits_to_probs(logits, sampling)
 
     def _feed_committed(self, ctx: Context) -> torch.Tensor:
-        """Append every committed pair the cache lacks (rows with fewer give back their newest, so all
-        feed T); returns each row's last output h [B, H] (its next token's features)."""
+        """Append every committed pair the cache lacks; returns each row's last output h [B, H] (its
+        next token's features)."""
         B, device = ctx.tokens.shape[0], ctx.tokens.device
         pairs = ctx.lengths - 1 - ctx.start  # [B]: (features at s, token at s+1) for s in start..lengths-2
         if not self.filled:  # the first proposal of a batch: every row's pairs, left-padded to one start
@@ -69,11 +69,12 @@ class EagleDrafter:
             mask = (slots >= ctx.start[:, None]) & (slots < ctx.lengths[:, None] - 1)
             last = (ctx.lengths - 2 - first).clamp(0, max(T - 1, 0))  # [B]: each row's last pair
         else:
-            pending = pairs - self.kv.n_valid
-            T = int(pending.max())
-            self.kv.drop_last(T - pending)
+            T = int((pairs - self.kv.n_valid).max())
+            # Rows with fewer pending pairs give back their newest cached ones (all of them when they
+            # hold fewer than T pairs: a short prompt), so every row feeds the T slots before its tip.
+            self.kv.drop_last(self.kv.n_valid - (pairs - T).clamp_min(0))
             slots = ctx.lengths[:, None] - 1 - T + torch.arange(T, device=device)  # [B, T]
-            mask, last = torch.ones_like(slots, dtype=torch.bool), torch.full_like(pairs, T - 1)
+            mask, last = slots >= ctx.start[:, None], torch.full_like(pairs, T - 1)
         if T == 0:  # one-token prompts: no features yet; any draft is exact, this one is the zero state's
             return torch.zeros(B, self.head.config.hidden_size, dtype=self.head.dtype, device=device)
         slots = slots.clamp_min(0)
