@@ -52,6 +52,19 @@ def distilled_like(target: LoadedModel, other: LoadedModel, k: int) -> SmallLMDr
     return SmallLMDrafter(target, draft, k=k, min_confidence=confidence_quantile(draft), quantize="int8")
 
 
+class RecordsProposals:
+    """Mixin for a feature draft: keeps, per round, each row's committed tokens and features and
+    what it proposed (tokens, q)."""
+
+    def propose(self, ctx: Context, sampling: SamplingConfig, generator) -> Proposal:
+        proposal = super().propose(ctx, sampling, generator)
+        rows = [(int(s), int(n)) for s, n in zip(ctx.start, ctx.lengths, strict=True)]
+        self.__dict__.setdefault("rounds", []).append(
+            [(ctx.tokens[b, s:n].clone(), ctx.features[b, s:n].clone(), proposal.tokens[b].clone(),
+              proposal.probs[b].clone()) for b, (s, n) in enumerate(rows)])
+        return proposal
+
+
 def fit_feature_head(target: LoadedModel, head, steps: int):
     """``steps`` Adam steps of the training loss, teacher-forced on random sequences: enough for a
     tiny target's greedy drafts to be accepted at times."""

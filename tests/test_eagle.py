@@ -18,26 +18,15 @@ from specexp.drafts.eagle import EagleDrafter, eagle_drafter
 from specexp.drafts.eagle_head import EagleHead, unrolled_mask
 from specexp.errors import UserInputError
 from tests.conftest import EOS, tiny_model
-from tests.drafters import eagle_head
+from tests.drafters import RecordsProposals, eagle_head
 from tests.test_distill import fit_and_validate, run_distill, run_study, toy_corpus_args
 from tests.test_engine import ScriptedK
 
 NO_EOS = [10**6]
 
 
-class RecordingEagle(EagleDrafter):
-    """Keeps, per round, each row's committed tokens and features and the chain it drafted."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.rounds = []
-
-    def propose(self, ctx, sampling, generator):
-        proposal = super().propose(ctx, sampling, generator)
-        rows = [(int(s), int(n)) for s, n in zip(ctx.start, ctx.lengths, strict=True)]
-        self.rounds.append([(ctx.tokens[b, s:n].clone(), ctx.features[b, s:n].clone(), proposal.tokens[b].clone(),
-                             proposal.probs[b].clone()) for b, (s, n) in enumerate(rows)])
-        return proposal
+class RecordingEagle(RecordsProposals, EagleDrafter):
+    pass
 
 
 @pytest.mark.parametrize("scripted", [False, True], ids=["k=3", "k-per-round"])

@@ -16,22 +16,14 @@ from specexp.drafts.medusa import MedusaDrafter, medusa_drafter
 from specexp.drafts.medusa_heads import MedusaHeads
 from specexp.errors import UserInputError
 from tests.conftest import tiny_model
-from tests.drafters import every_other_token, medusa_heads
+from tests.drafters import RecordsProposals, every_other_token, medusa_heads
 from tests.test_distill import fit_and_validate, run_distill, run_study, toy_corpus_args
 
 NO_EOS = [10**6]
 
 
-class RecordingMedusa(MedusaDrafter):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.rounds = []
-
-    def propose(self, ctx, sampling, generator):
-        proposal = super().propose(ctx, sampling, generator)
-        rows = [(int(s), int(n)) for s, n in zip(ctx.start, ctx.lengths, strict=True)]
-        self.rounds.append([(ctx.tokens[b, s:n].clone(), proposal.probs[b].clone()) for b, (s, n) in enumerate(rows)])
-        return proposal
+class RecordingMedusa(RecordsProposals, MedusaDrafter):
+    pass
 
 
 @pytest.mark.parametrize("keep_every", [None, 2])
@@ -45,7 +37,7 @@ def test_proposals_read_the_state_before_the_tip(target, prompts, keep_every):
     assert any((out.n_accepted[r] != out.n_accepted[r, 0]).any() for r in range(len(out.n_accepted)))  # ragged
     with torch.no_grad():
         for snapshot in drafter.rounds[:6]:
-            for tokens, q in snapshot:
+            for tokens, _, _, q in snapshot:
                 state = target.model(tokens[None, :-1], output_hidden_states=True).hidden_states[-1][0, -1]  # [H]
                 expected = torch.softmax(heads.target_logits(heads(state)).float(), -1)  # [3, V]
                 torch.testing.assert_close(q, expected.to(q.dtype), rtol=1e-6, atol=1e-9)
