@@ -30,6 +30,9 @@ def teacher_pass(model: PreTrainedModel, input_ids: torch.Tensor,
     """The target's logits [B, T, V] and hidden states at ``hidden_layers`` side by side [B, T, F]."""
     with torch.no_grad():
         out = model(input_ids=input_ids, output_hidden_states=True)
+    if out.hidden_states is None:  # transformers records none for a model unpickled into a fresh process
+        raise UserInputError(f"{type(model).__name__} returned no hidden states; with several devices use "
+                             "trainer.strategy=ddp (ddp_spawn hands each process an unpickled model)")
     return out.logits, hidden_features(out, hidden_layers)
 
 
