@@ -144,3 +144,20 @@ def test_eagle3_command_end_to_end(tmp_path):
         study = run_study("draft=eagle", f"draft.head={head}", *tree, f"hydra.run.dir={tmp_path / 'study' / str(len(tree))}")
         assert study.returncode == 0, study.stderr[-3000:]
         assert json.loads((tmp_path / "study" / str(len(tree)) / "summary.json").read_text())["greedy_match"] == 1.0
+
+
+def test_fp32_heads_train_over_a_bf16_target():
+    """Training keeps heads in fp32 whatever the target's dtype (bf16 on a GPU): the target's
+    embedding and LM head are read across the dtypes."""
+    from specexp.distill.features import medusa_student, prediction_losses
+    from specexp.distill.objectives import objective
+
+    target = tiny_model(0, layers=2)
+    target.model.to(torch.bfloat16)
+    for student in (eagle_student(target, feature_loss_weight=0.1), medusa_student(target, n_heads=2)):
+        head = student.model
+        ids = torch.randint(2, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+        teacher_logits, features = teacher_pass(target.model, ids, head.hidden_layers)
+        losses = prediction_losses(head, head.predictions(ids, features), teacher_logits, objective("forward_kl"), 1.0)
+        sum(losses).backward()
+        assert head.dtype == torch.float32 and all(p.grad is not None for p in head.parameters())

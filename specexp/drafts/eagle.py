@@ -53,7 +53,7 @@ class EagleDrafter:
 
     def _distribution(self, h: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
         """h [..., H] -> (untempered draft probabilities, warped q), each [..., V] in the target's ids."""
-        logits = self.head.target_logits(self.forward.logits(h)).float()
+        logits = self.head.target_logits(self.head.logits(h)).float()
         return logits.softmax(-1), logits_to_probs(logits, sampling)
 
     def _feed_committed(self, ctx: Context) -> torch.Tensor:
@@ -95,7 +95,7 @@ class EagleDrafter:
             return self._propose_tree(h, sampling, generator)
         tokens, probs = [], []
         for i in range(self.k):
-            x, q = sample_draft(self.forward.logits(h), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
+            x, q = sample_draft(self.head.logits(h), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
             tokens.append(x)
             probs.append(q)
             if i + 1 < self.k:

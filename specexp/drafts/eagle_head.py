@@ -27,7 +27,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from specexp.draft_vocab import DraftVocab, restrict_rows
 from specexp.drafts.feature_head import FeatureHead, Prediction
 from specexp.models import LoadedModel
-from specexp.runtime.decoder import LeanDecoder, lean_decoder
+from specexp.runtime.decoder import LeanDecoder, lean_decoder, rms_norm
 
 
 def eagle3_layers(n_layers: int) -> tuple[int, int, int]:
@@ -106,6 +106,12 @@ class EagleHead(FeatureHead):
         """The lean forward of the head's layer (unfused for training: the projections' own weights)."""
         return lean_decoder(self, fuse_projections)
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """h [..., H] -> logits [..., C]: the norm (EAGLE-1 on the target's head: none), then the head
+        (in its own dtype: the target's may be bf16 under an fp32 head in training)."""
+        head = self.get_output_embeddings()
+        return head(rms_norm(self.model.norm, hidden).to(head.weight.dtype))
+
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """The layer's input [B, T, H] from tokens [B, T] (target ids) and the features before them
         [B, T, F] (``fused``: already H wide, the head's own h)."""
@@ -132,7 +138,7 @@ class EagleHead(FeatureHead):
         for step in range(1, steps + 1):
             x = self.inputs(tokens[:, 1:], g, fused)
             h = decoder.run_layers(x, range(1), cache, None, positions, mask=unrolled_mask(T - 1, step, tokens.device))
-            outputs.append((decoder.logits(h), h))
+            outputs.append((self.logits(h), h))
             g, fused = F.pad(h[:, :-1], (0, 0, 1, 0)), True  # entry t of the next step reads h at t-1
         return outputs
 

@@ -69,8 +69,9 @@ class MedusaHeads(FeatureHead):
     def forward(self, features: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """features [..., H] -> logits [..., heads, C] of the first ``heads`` heads (all by default)."""
         features = features.to(self.dtype)
-        head = self.lm_head if self.lm_head is not None else self._target_head[0]
-        return torch.stack([head(block(features)) for block in self.blocks[: heads or self.n_heads]], dim=-2)
+        head = self.lm_head if self.lm_head is not None else self._target_head[0]  # the target's may be bf16
+        return torch.stack([head(block(features).to(head.weight.dtype)) for block in self.blocks[: heads or self.n_heads]],
+                           dim=-2)
 
     def predictions(self, input_ids: torch.Tensor, features: torch.Tensor) -> list[Prediction]:
         """Head i over the features at t = 0..T-2-i predicts the teacher's positions 1+i..T-1."""
