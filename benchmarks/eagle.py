@@ -1,4 +1,4 @@
-"""Feature drafts (EAGLE, EAGLE-3, Medusa) against the other model drafts (issue 21).
+"""Feature drafts (the shipped EAGLE-3 head, Medusa heads) against the other model drafts (issue 21).
 
   python benchmarks/eagle.py [--prompts 8] [--max-new-tokens 64] [--out benchmarks/eagle.md]
 
@@ -24,8 +24,7 @@ from specexp.models import load_embedded_target
 from specexp.runtime import LeanRuntime, round_rows
 
 # name -> (draft config, overrides): the shipped heads; the shipped distilled draft and the fastest early exit
-FEATURE_DRAFTS = {"eagle": ("eagle", ("draft.head=eagle",)), "eagle3": ("eagle", ("draft.head=eagle3",)),
-                  "medusa": ("medusa", ())}
+FEATURE_DRAFTS = {"eagle3": ("eagle", ("draft.head=eagle3",)), "medusa": ("medusa", ())}
 OTHER_DRAFTS = {"distilled": ("distilled", ()),
                 "early_exit_L12": ("early_exit", ("draft.head=trained", "draft.exit_layer=12", "draft.mode=shared"))}
 SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
@@ -79,7 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     args = decode_arguments(parser, Path(__file__).parent / "eagle.md").parse_args()
     rows, verdicts = tables(args.prompts, args.max_new_tokens)
-    lines = [*report_header("Feature drafts (EAGLE, EAGLE-3, Medusa) against the other model drafts"),
+    lines = [*report_header("Feature drafts (EAGLE-3, Medusa) against the other model drafts"),
              f"{args.prompts} prompts x {args.max_new_tokens} tokens per set, batch 1, one process, methods "
              "interleaved per prompt.", "", "## Verdicts", "", *verdicts, "", "## Every method", "", *rows]
     write_report(args.out, lines)

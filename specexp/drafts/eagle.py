@@ -25,7 +25,7 @@ from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-SHIPPED = {"eagle": ASSETS / "eagle-smollm2-135m", "eagle3": ASSETS / "eagle3-smollm2-135m"}  # for the default target
+SHIPPED = {"eagle3": ASSETS / "eagle3-smollm2-135m"}  # draft.head=NAME: trained for the default target
 
 
 class EagleDrafter:
@@ -135,7 +135,7 @@ class EagleDrafter:
 
 
 def resolve_head(target: LoadedModel, head: str) -> EagleHead:
-    """A shipped head's name (eagle, eagle3: trained for the default target) or a head folder."""
+    """A shipped head's name (trained for the default target) or a head folder."""
     folder = SHIPPED.get(head, head)
     if head in SHIPPED and not folder.is_dir():
         raise UserInputError(f"no '{head}' head ships in this install; give a head folder "
@@ -143,7 +143,7 @@ def resolve_head(target: LoadedModel, head: str) -> EagleHead:
     return EagleHead.load(folder, target).to(target.model.device, target.model.dtype)
 
 
-def eagle_drafter(target: LoadedModel, head: str = "eagle", k: int = 4, branches: int = 1,
+def eagle_drafter(target: LoadedModel, head: str = "eagle3", k: int = 4, branches: int = 1,
                   depth: int | None = None) -> EagleDrafter:
-    """`draft=eagle`: draft.head = eagle | eagle3 (shipped for the default target) | a head folder."""
+    """`draft=eagle`: draft.head = eagle3 (shipped for the default target) | a head folder."""
     return EagleDrafter(target, resolve_head(target, str(head)), k=k, branches=branches, depth=depth)
