@@ -31,6 +31,10 @@ SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7
 TREE_BRANCHES = 2
 
 
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def methods_of(draft: str, overrides: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     methods = {f"{draft} K=1": (*overrides, "draft.k=1"), f"{draft} K=auto": (*overrides, "draft.k=auto")}
     if draft in FEATURE_DRAFTS:
@@ -61,16 +65,15 @@ def tables(prompts: int, max_new_tokens: int) -> tuple[list[str], list[str]]:
                                             profile=profile)
             for method, r in results.items():
                 identical = f"{r['identical']}/{len(chosen)}" if sampling.greedy else "-"
-                c = f"{r['cost_ratio_c']:.3f}" if r["cost_ratio_c"] is not None else "-"
-                rows.append(f"| {data_name} | {sampling_name} | {method} | {r['alpha']:.3f} | {r['tau']:.3f} | "
-                            f"{r['accepted_per_pass']:.3f} | {c} | {r['speedup']:.3f} | {r['predicted_speedup']:.3f} | "
-                            f"{identical} |")
-            at_one = {m: r for m, r in results.items() if m.endswith("K=1")}
-            feature = max((m for m in at_one if m.split()[0] in FEATURE_DRAFTS), key=lambda m: at_one[m]["alpha"])
-            other = max((m for m in at_one if m.split()[0] not in FEATURE_DRAFTS), key=lambda m: at_one[m]["alpha"])
+                rows.append(f"| {data_name} | {sampling_name} | {method} | {fmt(r['alpha'])} | {fmt(r['tau'])} | "
+                            f"{fmt(r['accepted_per_pass'])} | {fmt(r['cost_ratio_c'])} | {fmt(r['speedup'])} | "
+                            f"{fmt(r['predicted_speedup'])} | {identical} |")
+            alpha = {m: r["alpha"] or 0.0 for m, r in results.items() if m.endswith("K=1")}
+            feature = max((m for m in alpha if m.split()[0] in FEATURE_DRAFTS), key=alpha.get)
+            other = max((m for m in alpha if m.split()[0] not in FEATURE_DRAFTS), key=alpha.get)
             fastest = max(results, key=lambda m: results[m]["speedup"])
-            verdicts.append(f"| {data_name} | {sampling_name} | {feature} ({at_one[feature]['alpha']:.3f}) | {other} "
-                            f"({at_one[other]['alpha']:.3f}) | {fastest} ({results[fastest]['speedup']:.3f}) |")
+            verdicts.append(f"| {data_name} | {sampling_name} | {feature} ({alpha[feature]:.3f}) | {other} "
+                            f"({alpha[other]:.3f}) | {fastest} ({results[fastest]['speedup']:.3f}) |")
     return rows, verdicts
 
 
