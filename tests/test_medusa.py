@@ -91,7 +91,7 @@ def test_medusa_command_end_to_end(tmp_path):
     heads = run_dir / "student"
     assert json.loads((heads / "medusa_head.json").read_text())["n_heads"] == 3
     assert json.loads((run_dir / "result.json").read_text())["parameters"] < 2_000_000
-    for i, shape in enumerate((["draft.k_max=3"], ["draft.branches=2", "draft.k=6"])):  # a chain (auto K), a tree
-        study = run_study("draft=medusa", f"draft.head={heads}", *shape, f"hydra.run.dir={tmp_path / 'study' / str(i)}")
-        assert study.returncode == 0, study.stderr[-3000:]
-        assert json.loads((tmp_path / "study" / str(i) / "summary.json").read_text())["greedy_match"] == 1.0
+    # a chain, K chosen per round up to its 3 heads (profiled no further); trees: test_engine, test_exactness
+    study = run_study("draft=medusa", f"draft.head={heads}", "draft.k_max=3", f"hydra.run.dir={tmp_path / 'study'}")
+    assert study.returncode == 0, study.stderr[-3000:]
+    assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0
