@@ -44,8 +44,11 @@ def test_every_distill_experiment_composes(experiment):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("distill", overrides=[f"experiment={experiment}"], return_hydra_config=True)
     assert cfg.experiment_name == experiment
-    assert cfg.draft_vocab_size == 8192 and cfg.teacher_top_k == 64
-    # Both read the same corpus (and so share its caches): the defaults of corpus=self_chat.
+    feature_head = experiment in ("distill_eagle", "distill_eagle3", "distill_medusa")  # one live pass gives features too
+    assert cfg.draft_vocab_size == 8192 and cfg.teacher_top_k == (None if feature_head else 64)
+    if feature_head:
+        assert cfg.student._target_.startswith("specexp.distill.features.")
+    # All read the same corpus (and so share its caches): the defaults of corpus=self_chat.
     assert cfg.data.corpus.prompts == "self" and cfg.data.block_size == 128
 
 
