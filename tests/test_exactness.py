@@ -48,6 +48,17 @@ KS = [1, 3, 5]
 CASES = [(kind, k, list(SAMPLINGS)[(i + j) % 3]) for i, kind in enumerate(KINDS) for j, k in enumerate(KS)]
 
 
+def quick(i: int, j: int) -> bool:
+    """CI's default run keeps one case per kind: K = KS[j] with j rotating with the kind's index
+    and its index // 3, so the kinds together still meet all nine (K, warp) pairs; the others are
+    `slow` (each kind's proposing at K = 1, 2, 4, 8 is also checked token for token in test_engine)."""
+    return j == (i + i // 3) % 3
+
+
+CI_CASES = [pytest.param(kind, k, warp, marks=() if quick(i, j) else pytest.mark.slow)
+            for i, kind in enumerate(KINDS) for j, (_, k, warp) in enumerate(CASES[3 * i : 3 * i + 3])]
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """The 8-token target, a same-vocabulary draft model that agrees with it part of the time,
@@ -93,7 +104,7 @@ def check_case(pair, kind: str, k: int, sampling_name: str) -> tuple[float, floa
     return p_value, detectable_tvd(ROWS, dof), out
 
 
-@pytest.mark.parametrize(("kind", "k", "sampling_name"), CASES)
+@pytest.mark.parametrize(("kind", "k", "sampling_name"), CI_CASES)
 def test_sampled_tokens_1_to_3_follow_the_target(pair, kind, k, sampling_name):
     p_value, tvd, out = check_case(pair, kind, k, sampling_name)
     assert tvd <= MAX_DETECTABLE_TVD, f"too few rows: this case only detects a TVD >= {tvd:.3f}"
