@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from specexp.core.interface import Context
+from specexp.core.sampling import SamplingConfig
 from specexp.drafts.small_lm import SmallLMDrafter, align_vocab
 from specexp.errors import UserInputError
 from specexp.models import load_model
@@ -33,3 +35,26 @@ def test_align_vocab_pads_and_truncates():
     assert torch.equal(align_vocab(logits, 3), logits[:, :3])
     padded = align_vocab(logits, 7)
     assert padded.shape == (2, 7) and torch.isinf(padded[:, 5:]).all()
+
+
+@pytest.mark.parametrize("branches", [1, 2])
+def test_small_lm_cache_catches_up_beside_a_finished_row_after_rounds_without_the_draft(target, other_draft, branches):
+    """A finished row stops growing while the others pile up committed tokens in rounds that skip
+    the draft (draft.k=auto): once a row's pending tokens outnumber all the finished row holds, the
+    draft still feeds each live row exactly its uncached tokens, and its q is the draft model's
+    distribution after that row's committed tokens, as from a fresh pass."""
+    drafter = SmallLMDrafter(target, other_draft, k=2, branches=branches)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, target.vocab_size, (2, 40), generator=g)
+    # row 0: the longer prompt (6 tokens, no padding), finished; row 1: 3 tokens, left-padded to slot 3
+    ctx = Context(tokens=tokens, start=torch.tensor([0, 3]), lengths=torch.tensor([6, 6]),
+                  done=torch.tensor([False, False]))
+    drafter.reset(ctx)
+    proposal = drafter.propose(ctx, SamplingConfig(temperature=1.0), g)
+    proposal.accepted_path = torch.full_like(proposal.tokens, -1)  # what the engine sets: nothing accepted
+    drafter.update(ctx, proposal, torch.zeros(2, dtype=torch.long))
+    ctx.done[0], ctx.lengths[1] = True, 6 + 12  # 12 rounds without the draft: row 1's pending (13) > row 0's 6 tokens
+    proposal = drafter.propose(ctx, SamplingConfig(temperature=1.0), g)
+    with torch.no_grad():
+        fresh = other_draft.model(input_ids=tokens[1:, 3:18]).logits[0, -1].softmax(-1)  # [V]
+    torch.testing.assert_close(proposal.probs[1, 0].double(), fresh.double(), rtol=1e-4, atol=1e-6)

@@ -119,10 +119,11 @@ class SmallLMDrafter:
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         return tokens if self.draft_vocab is None else self.draft_vocab.to_draft(tokens)
 
-    def _step(self, input_ids: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[torch.Tensor, ...]:
-        """Target ids [B, T] in -> the next token [B] (target id), its q [B, V] and whether the
-        draft is confident enough to propose it [B]."""
-        logits = self.kv.forward(self.forward_model, self._draft_ids(input_ids), logits_to_keep=1)[:, -1]  # [B, V_d]
+    def _step(self, input_ids: torch.Tensor, sampling: SamplingConfig, generator,
+              input_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """Target ids [B, T] in (``input_mask`` 0: left padding) -> the next token [B] (target id),
+        its q [B, V] and whether the draft is confident enough to propose it [B]."""
+        logits = self.kv.forward(self.forward_model, self._draft_ids(input_ids), input_mask, logits_to_keep=1)[:, -1]  # [B, V_d]
         if self.draft_vocab is None:
             logits = align_vocab(logits, self.vocab_size)  # [B, V]
         x, q = sample_draft(logits, self.draft_vocab, sampling, generator)
@@ -131,26 +132,29 @@ class SmallLMDrafter:
         proposable = logits if self.draft_vocab is None else logits[:, : self.draft_vocab.size]  # [B, V or N]
         return x, q, top_probability(proposable) >= self.min_confidence
 
-    def _feed_pending(self, ctx: Context) -> torch.Tensor:
-        """Feed every row the same number T of uncached committed tokens: rows with fewer pending
-        ones first give back their newest cached tokens (one host sync). Returns them [B, T]."""
+    def _feed_pending(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's last T committed slots, T the most uncached tokens of any row (one host
+        sync): rows with fewer pending first give back their newest cached tokens, all of them when
+        they hold fewer than T (a finished row beside rows that piled up tokens in rounds without
+        the draft), and slots before a row's start are padding. Returns them [B, T] and the mask."""
         if not self.filled:
             self._fill(ctx)
-        pending = (ctx.lengths - ctx.start) - self.kv.n_valid  # [B] committed tokens not yet cached
-        T = int(pending.max())
-        self.kv.drop_last(T - pending)
-        return ctx.tokens.gather(1, ctx.lengths[:, None] - T + torch.arange(T, device=ctx.tokens.device))  # [B, T]
+        committed = ctx.lengths - ctx.start  # [B]
+        T = int((committed - self.kv.n_valid).max())
+        self.kv.drop_last(self.kv.n_valid - (committed - T).clamp_min(0))
+        slots = ctx.lengths[:, None] - T + torch.arange(T, device=ctx.tokens.device)  # [B, T]
+        return ctx.tokens.gather(1, slots.clamp_min(0)), (slots >= ctx.start[:, None]).long()
 
     @torch.inference_mode()
     def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
-        feed = self._feed_pending(ctx)
+        feed, feed_mask = self._feed_pending(ctx)
         if self.branches > 1:
-            return self._propose_tree(ctx, feed, sampling, generator)
+            return self._propose_tree(ctx, feed, feed_mask, sampling, generator)
         tokens, probs = [], []
         drafting = torch.ones_like(ctx.done)  # [B]: rows that have not stopped
         n_proposed = torch.zeros_like(ctx.lengths)
         self.n_fed = 0
-        x, q, confident = self._step(feed, sampling, generator)
+        x, q, confident = self._step(feed, sampling, generator, feed_mask)
         for i in range(self.k):
             drafting = drafting & confident
             if self.min_confidence > 0.0 and not bool(drafting.any()):  # a host sync only when rows can stop
@@ -169,10 +173,10 @@ class SmallLMDrafter:
         """Draft logits [..., V_d] -> [..., V] in the target's ids, -inf for tokens it cannot propose."""
         return align_vocab(logits, self.vocab_size) if self.draft_vocab is None else self.draft_vocab.to_target_logits(logits)
 
-    def _propose_tree(self, ctx: Context, feed: torch.Tensor, sampling: SamplingConfig,
+    def _propose_tree(self, ctx: Context, feed: torch.Tensor, feed_mask: torch.Tensor, sampling: SamplingConfig,
                       generator: torch.Generator | None) -> Proposal:
         B, device = feed.shape[0], feed.device
-        root = self._target_logits(self.kv.forward(self.forward_model, self._draft_ids(feed))[:, -1])  # [B, V]
+        root = self._target_logits(self.kv.forward(self.forward_model, self._draft_ids(feed), feed_mask)[:, -1])  # [B, V]
         tip_position = self.kv.n_valid[:, None] - 1  # [B, 1]: the tip is the last token fed
         region = TreeRegion(B, self.k, device)
 
