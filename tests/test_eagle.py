@@ -130,11 +130,13 @@ def test_eagle3_command_end_to_end(tmp_path):
     """student=eagle3 on the default target at toy size exports a head folder that draft=eagle
     runs exactly as a dynamic tree (the shipped head's chains: the smoke k_sweep and draft_compare)."""
     run_dir = tmp_path / "run"
-    out = run_distill("student=eagle3", "student.intermediate_size=256", "draft_vocab_size=512",
+    out = run_distill("student=eagle3", "student.intermediate_size=256", "draft_vocab_size=512", "feature_cache=true",
                       *toy_corpus_args(tmp_path), "trainer.max_steps=4", "trainer.val_check_interval=2",
                       f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "teacher_top_k=64 unused" in out.stdout
+    assert "feature cache: hidden states [2, 15, 27, 30] of" in out.stdout and "writing it now" in out.stdout
+    caches = [p for p in (tmp_path / "cache").glob("corpus-*-features-*") if (p / "dataset_info.json").exists()]
+    assert len(caches) == 1 and not list((tmp_path / "cache").glob("*.map.arrow"))  # no second copy left behind
     head = run_dir / "student"
     config = json.loads((head / "eagle_head.json").read_text())
     assert config["hidden_layers"] == [2, 15, 27] and config["target_layers"] == 30
@@ -144,6 +146,38 @@ def test_eagle3_command_end_to_end(tmp_path):
                       f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0
+    bad = run_distill("feature_cache=true", *toy_corpus_args(tmp_path), f"hydra.run.dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2 and "feature_cache=true caches a feature head's inputs; student" in bad.stderr
+
+
+@pytest.mark.parametrize("recipe", ["eagle3", "medusa"])
+def test_a_feature_cache_gives_the_live_passes_teacher_and_features(sharp_pair, recipe, tmp_path):
+    """feature_cache=true: the cached hidden states give the same teacher logits (its head over
+    the cached normed last state), features and training loss as a live target pass, for a head
+    that reads the last state (Medusa) and one that does not (EAGLE-3: cached beside its layers)."""
+    from specexp.distill.features import cached_layers, feature_cache_bytes, medusa_student, with_target_features
+
+    target, blocks = sharp_pair
+    blocks = blocks.select(range(6))
+    student = (medusa_student(target, n_heads=2) if recipe == "medusa"
+               else eagle_student(target, hidden_layers=[0, 1], unroll_steps=2))
+    head = student.model
+    layers = cached_layers(head.hidden_layers, 2)
+    assert layers == ((2,) if recipe == "medusa" else (0, 1, 2))
+    scratch = tmp_path / "map.arrow"
+    cached = with_target_features(blocks, target, layers, batch_size=4, scratch_file=scratch).with_format("torch")
+    assert scratch.exists() and cached[0]["features"].shape == (32, len(layers) * 32)
+    assert feature_cache_bytes(6, 32, layers, 32) == cached[:]['features'].numel() * 4  # the size printed first (float32)
+    batch = {"input_ids": cached[:4]["input_ids"], "features": cached[:4]["features"]}
+    module = FeatureDistillModule(student, target, "forward_kl", lr=1e-2, warmup_steps=2)
+    live_logits, live_features = teacher_pass(target.model, batch["input_ids"], head.hidden_layers)
+    logits, features, _ = module._passes(batch)
+    torch.testing.assert_close(logits, live_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(features, live_features, rtol=0, atol=0)
+    L.seed_everything(0)
+    cached_loss = module.training_step(batch, 0)
+    live_loss = module.training_step({"input_ids": batch["input_ids"]}, 0)
+    torch.testing.assert_close(cached_loss, live_loss, rtol=1e-5, atol=1e-6)
 
 
 def test_fp32_heads_train_over_a_bf16_target():

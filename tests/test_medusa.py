@@ -88,6 +88,7 @@ def test_medusa_command_end_to_end(tmp_path):
     out = run_distill("student=medusa", "student.n_heads=3", "draft_vocab_size=512", *toy_corpus_args(tmp_path),
                       "trainer.max_steps=4", "trainer.val_check_interval=2", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "teacher_top_k=64 unused; feature_cache=true caches them" in out.stdout  # a live target pass per step
     heads = run_dir / "student"
     assert json.loads((heads / "medusa_head.json").read_text())["n_heads"] == 3
     assert json.loads((run_dir / "result.json").read_text())["parameters"] < 2_000_000

@@ -29,7 +29,13 @@ from specexp.distill.data import (
     teacher_cache_path,
     with_teacher_top_k,
 )
-from specexp.distill.features import FeatureDistillModule
+from specexp.distill.features import (
+    FeatureDistillModule,
+    cached_layers,
+    feature_cache_bytes,
+    feature_cache_path,
+    with_target_features,
+)
 from specexp.distill.history import MetricsHistory
 from specexp.distill.module import DistillModule
 from specexp.distill.objectives import objective
@@ -58,9 +64,14 @@ def distill(cfg: DictConfig, out_dir: Path) -> dict:
         raise UserInputError("draft_vocab_size must be null with student.init_from: the checkpoint brings its own vocabulary")
     dataset = corpus
     reads_features = isinstance(student.model, FeatureHead)
-    if reads_features and cfg.teacher_top_k:
+    if cfg.feature_cache and not reads_features:
+        raise UserInputError(f"feature_cache=true caches a feature head's inputs; student '{student.name}' reads none "
+                             f"(use teacher_top_k)")
+    if reads_features and cfg.feature_cache:
+        dataset = feature_cached_corpus(corpus, target, student.model.hidden_layers, cfg.data.batch_size)
+    elif reads_features and cfg.teacher_top_k:
         print(f"{student.name} reads the target's hidden states: one live target pass per step gives them and the "
-              f"teacher's distributions (teacher_top_k={cfg.teacher_top_k} unused)")
+              f"teacher's distributions (teacher_top_k={cfg.teacher_top_k} unused; feature_cache=true caches them)")
     elif cfg.teacher_top_k:
         dataset = cached_dataset(teacher_cache_path(corpus, target, cfg.teacher_top_k, cfg.temperature, student.draft_vocab),
                                  lambda: with_teacher_top_k(corpus, target, cfg.teacher_top_k, cfg.temperature,
@@ -96,6 +107,21 @@ def distill(cfg: DictConfig, out_dir: Path) -> dict:
               "parameters": sum(p.numel() for p in student.model.parameters())}
     (out_dir / "result.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def feature_cached_corpus(corpus, target: LoadedModel, hidden_layers: tuple[int, ...], batch_size: int):
+    """The corpus with the target's hidden states for a feature head, cached beside it (its size
+    printed before it is written)."""
+    text = target.model.config.get_text_config()
+    layers = cached_layers(hidden_layers, text.num_hidden_layers)
+    path = feature_cache_path(corpus, target, layers)
+    size = feature_cache_bytes(len(corpus), len(corpus[0]["input_ids"]), layers, text.hidden_size)
+    print(f"feature cache: hidden states {list(layers)} of {len(corpus)} blocks, {size / 2**30:.2f} GiB at {path}"
+          + ("" if (path / "dataset_info.json").exists() else " (writing it now: one target pass per block)"))
+    scratch = path.with_name(path.name + ".map.arrow")  # the pass's own output, copied into the cache
+    dataset = cached_dataset(path, lambda: with_target_features(corpus, target, layers, batch_size, scratch))
+    scratch.unlink(missing_ok=True)
+    return dataset
 
 
 def export_student(student: LoadedModel, folder: Path, dtype: str) -> None:

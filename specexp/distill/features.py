@@ -1,6 +1,9 @@
 """Distilling feature drafts (`student=eagle`, `student=eagle3`, `student=medusa`): heads trained on
 the frozen target's hidden states, computed in each training step by the same target pass that
-gives the teacher's distributions (nothing cached: one pass gives both).
+gives the teacher's distributions, or (`feature_cache=true`) read from a cache written once per
+corpus: the hidden states at the head's layers and the normed last one, whose product with the
+target's head is the teacher's logits exactly, so a step costs the head and one matmul instead
+of the target's whole pass.
 
 The loss is the token objective (forward KL, TVD, ...) between the teacher's next-token
 distributions and each of the head's predictions (`FeatureHead.predictions`): per unrolled EAGLE
@@ -10,6 +13,9 @@ regression of the head's output on the target's next features (its one feature l
 be the one it predicts).
 """
 
+from pathlib import Path
+
+import datasets
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
@@ -23,6 +29,7 @@ from specexp.drafts.feature_head import FeatureHead, Prediction, check_hidden_la
 from specexp.drafts.medusa_heads import MedusaHeads
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
+from specexp.ngram.corpus import cache_key
 
 
 def teacher_pass(model: PreTrainedModel, input_ids: torch.Tensor,
@@ -34,6 +41,54 @@ def teacher_pass(model: PreTrainedModel, input_ids: torch.Tensor,
         raise UserInputError(f"{type(model).__name__} returned no hidden states; with several devices use "
                              "trainer.strategy=ddp (ddp_spawn hands each process an unpickled model)")
     return out.logits, hidden_features(out, hidden_layers)
+
+
+def cached_layers(hidden_layers: tuple[int, ...], n_layers: int) -> tuple[int, ...]:
+    """What a feature cache keeps: the head's layers, then the normed last state (the teacher's
+    logits) unless the head reads it already."""
+    return hidden_layers if n_layers in hidden_layers else (*hidden_layers, n_layers)
+
+
+def feature_cache_bytes(n_blocks: int, block_size: int, layers: tuple[int, ...], hidden_size: int) -> int:
+    return n_blocks * block_size * len(layers) * hidden_size * 4  # float32: exact for fp32 and bf16 targets
+
+
+@torch.no_grad()
+def with_target_features(dataset: datasets.Dataset, target: LoadedModel, layers: tuple[int, ...],
+                         batch_size: int = 8, scratch_file: Path | None = None) -> datasets.Dataset:
+    """Adds `features` [T, len(layers) * H] (float32): the target's hidden states at ``layers``
+    for every block, one target pass per block for the whole run (written to ``scratch_file``,
+    not beside the corpus, so the caller can drop it once the result is saved)."""
+    device = target.model.device
+
+    def score(batch: dict) -> dict:
+        ids = torch.as_tensor(batch["input_ids"], device=device)  # [b, T]
+        out = target.model(input_ids=ids, output_hidden_states=True)
+        return {"features": hidden_features(out, layers).float().cpu().numpy()}  # [b, T, F]
+
+    shape = (len(dataset[0]["input_ids"]), len(layers) * target.model.config.get_text_config().hidden_size)
+    schema = datasets.Features({**dataset.features, "features": datasets.Array2D(shape, "float32")})
+    return dataset.map(score, batched=True, batch_size=batch_size, features=schema, writer_batch_size=8 * batch_size,
+                       cache_file_name=None if scratch_file is None else str(scratch_file),
+                       desc=f"target hidden states at layers {list(layers)}")
+
+
+def feature_cache_path(corpus: datasets.Dataset, target: LoadedModel, layers: tuple[int, ...]) -> Path:
+    """Where a corpus's feature cache lives: next to it, keyed by the target, its dtype and the layers."""
+    corpus_dir = Path(corpus.cache_files[0]["filename"]).parent
+    key = cache_key(target.name, str(target.model.dtype), list(layers))
+    return corpus_dir.with_name(f"{corpus_dir.name}-features-{key}")
+
+
+@torch.no_grad()
+def teacher_from_cache(cached: torch.Tensor, hidden_layers: tuple[int, ...], n_layers: int,
+                       lm_head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cached batch [B, T, len(cached_layers) * H] -> the teacher's logits [B, T, V] (its head over
+    the normed last state, in the head's dtype as the target's pass computes them) and the head's
+    features [B, T, F]."""
+    layers = cached_layers(hidden_layers, n_layers)
+    blocks = cached.to(lm_head.weight.dtype).chunk(len(layers), dim=-1)  # per layer [B, T, H]
+    return lm_head(blocks[layers.index(n_layers)]), torch.cat(blocks[: len(hidden_layers)], dim=-1)
 
 
 def prediction_losses(head: FeatureHead, predictions: list[Prediction], teacher_logits: torch.Tensor, loss_fn,
@@ -56,14 +111,20 @@ class FeatureDistillModule(DistillModule):
     head's `predictions`, weighted). Validation logs what drafting's first token sees (val/alpha,
     val/greedy_match, in the target's vocabulary at T = 1) and val/alpha_{name} for the others."""
 
-    def _passes(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[Prediction]]:
-        """The teacher's logits [B, T, V] and features [B, T, F]; the head's predictions."""
-        teacher_logits, features = teacher_pass(self.teacher, input_ids, self.student.hidden_layers)
-        return teacher_logits, features, self.student.predictions(input_ids, features)
+    def _passes(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, list[Prediction]]:
+        """The teacher's logits [B, T, V] and features [B, T, F] (from the batch's cached `features`,
+        or a live target pass); the head's predictions."""
+        head, input_ids = self.student, batch["input_ids"]
+        if "features" in batch:
+            teacher_logits, features = teacher_from_cache(batch["features"], head.hidden_layers, head.target_layers,
+                                                          self.teacher.get_output_embeddings())
+        else:
+            teacher_logits, features = teacher_pass(self.teacher, input_ids, head.hidden_layers)
+        return teacher_logits, features, head.predictions(input_ids, features)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         head = self.student
-        teacher_logits, features, predictions = self._passes(batch["input_ids"])
+        teacher_logits, features, predictions = self._passes(batch)
         losses = prediction_losses(head, predictions, teacher_logits, self.loss_fn, self.hparams.temperature)
         loss = sum(p.weight * value for p, value in zip(predictions, losses, strict=True))
         for p, value in zip(predictions, losses, strict=True):
@@ -79,7 +140,7 @@ class FeatureDistillModule(DistillModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         head = self.student
-        teacher_logits, _, predictions = self._passes(batch["input_ids"])
+        teacher_logits, _, predictions = self._passes(batch)
         losses = prediction_losses(head, predictions, teacher_logits, self.loss_fn, self.hparams.temperature)
         self.log("val/loss", losses[0])
         teacher = warped_log_probs(teacher_logits)
