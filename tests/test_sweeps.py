@@ -74,18 +74,18 @@ def test_launchers_and_loggers_compose(launcher, logger):
 def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     sweep, out = smoke_k_sweep
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.count("[done]") == 16  # one line per finished job
+    assert out.stdout.count("[done]") == 20  # one line per finished job
     out = run_cli(str(sweep), module="specexp.collect")
     assert out.returncode == 0, out.stderr
     table = pd.read_parquet(sweep / "collected.parquet")
-    assert len(table) == 16 and set(table["status"]) == {"ok"}
+    assert len(table) == 20 and set(table["status"]) == {"ok"}
     assert {"cfg.draft.k", "choice.draft", "alpha", "tau", "speedup", "cost_ratio_c", "predicted_speedup",
             "realized_over_predicted", "predicted_speedup_iid", "acceptance_pos1", "greedy_match"} <= set(table.columns)
     assert sorted(table["cfg.draft.k"].astype(str).unique()) == ["1", "2", "auto", "heuristic"]
-    assert set(table["choice.draft"]) == {"prompt_lookup", "target_prefix", "distilled", "eagle"}
+    assert set(table["choice.draft"]) == {"prompt_lookup", "target_prefix", "distilled", "eagle", "medusa"}
     assert (table["greedy_match"] == 1.0).all()
     assert table["predicted_speedup"].notna().all()  # every job priced by this machine's profile
-    assert (sweep / "collected.csv").exists() and "16 jobs" in out.stdout
+    assert (sweep / "collected.csv").exists() and "20 jobs" in out.stdout
     out = run_cli(str(sweep), "--out", str(tmp_path / "figures"), module="specexp.figures")
     assert out.returncode == 0, out.stderr
     made = {p.name for p in (tmp_path / "figures").iterdir()}
@@ -96,12 +96,12 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     from specexp import figures, plots
 
     jobs = figures.study_jobs([sweep])
-    drafts = {"prompt_lookup", "target_prefix", "distilled", "eagle"}
+    drafts = {"prompt_lookup", "target_prefix", "distilled", "eagle", "medusa"}
     model, label = figures.model_curves(jobs)
     assert set(model["draft"]) == drafts and sorted(model["k"].unique()) == [1, 2] and label
     ax = plots.speedup_vs_k(jobs, figures.per_prompt_table(jobs), model, label).axes[0]
     assert drafts <= {t.get_text() for t in ax.get_legend().get_texts()}
-    assert len([line for line in ax.lines if line.get_marker() == "*"]) == 4  # the model's best K per draft
+    assert len([line for line in ax.lines if line.get_marker() == "*"]) == 5  # the model's best K per draft
     positions = figures.acceptance_by_position(jobs)
     assert set(positions["draft"]) == drafts and positions["position"].min() == 1 and positions["position"].max() <= 8
     plane = plots.cost_quality_plane(jobs, *figures.plane_pricing(jobs)).axes[0]
@@ -118,7 +118,7 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
                   module="specexp.predict")
     assert out.returncode == 0, out.stderr
     repriced = pd.read_csv(tmp_path / "predict" / "predict.csv")
-    assert len(repriced) == 16 and repriced["predicted"].notna().all()
+    assert len(repriced) == 20 and repriced["predicted"].notna().all()
     assert (repriced["predicted"] >= repriced["predicted_own"] * 0.999).all()
     assert (tmp_path / "predict" / "predict.pdf").exists()
 
