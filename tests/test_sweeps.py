@@ -109,10 +109,13 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     assert plane.get_title().startswith("contours: cost model on")
     # The sweep re-priced under a profile written by hand: a machine whose passes cost T(n) = T(1)
     # and whose drafts are free predicts more speedup for every draft than this one.
-    own = figures.job_profile(jobs["path"].iloc[0])
+    # Each job recorded the profile as it stood when it ran (on a fresh machine, without the drafts
+    # profiled after it): the hand-written one holds every draft the sweep ran.
+    profiles = [figures.job_profile(path) for path in jobs["path"]]
+    own, entries = profiles[0], {name: entry for profile in profiles for name, entry in profile.drafts.items()}
     flat = dict(own.record(), target_s=[[row[0]] * len(row) for row in own.target_s],
                 drafts={name: dict(entry, draft_s=[0.0] * len(entry["draft_s"]), pass_s=None)
-                        for name, entry in own.drafts.items()})
+                        for name, entry in entries.items()})
     (tmp_path / "flat.json").write_text(json.dumps(flat))
     out = run_cli(str(sweep), "--profile", str(tmp_path / "flat.json"), "--out", str(tmp_path / "predict"),
                   module="specexp.predict")
