@@ -55,8 +55,8 @@ def quick(i: int, j: int) -> bool:
     return j == (i + i // 3) % 3
 
 
-CI_CASES = [pytest.param(kind, k, warp, marks=() if quick(i, j) else pytest.mark.slow)
-            for i, kind in enumerate(KINDS) for j, (_, k, warp) in enumerate(CASES[3 * i : 3 * i + 3])]
+CI_CASES = [pytest.param(*case, marks=() if quick(n // len(KS), n % len(KS)) else pytest.mark.slow)
+            for n, case in enumerate(CASES)]
 
 
 @pytest.fixture(scope="module")
