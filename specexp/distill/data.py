@@ -87,9 +87,14 @@ def with_teacher_top_k(dataset: datasets.Dataset, target: LoadedModel, k: int, t
 def teacher_cache_path(corpus: datasets.Dataset, target: LoadedModel, k: int, temperature: float,
                        vocab: DraftVocab | None) -> Path:
     """Where a corpus's teacher scores live: next to it, keyed by everything that changes them."""
-    corpus_dir = Path(corpus.cache_files[0]["filename"]).parent
     vocab_ids = None if vocab is None else hashlib.sha256(vocab.target_ids.numpy().tobytes()).hexdigest()[:16]
-    return corpus_dir.with_name(f"{corpus_dir.name}-teacher-{cache_key(target.name, k, temperature, vocab_ids)}")
+    return beside_corpus(corpus, "teacher", target.name, k, temperature, vocab_ids)
+
+
+def beside_corpus(corpus: datasets.Dataset, kind: str, *key: object) -> Path:
+    """A folder next to a cached corpus for what is derived from it, keyed by ``key``."""
+    corpus_dir = Path(corpus.cache_files[0]["filename"]).parent
+    return corpus_dir.with_name(f"{corpus_dir.name}-{kind}-{cache_key(*key)}")
 
 
 class DistillDataModule(L.LightningDataModule):

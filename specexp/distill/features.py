@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specexp.core.kv import hidden_features
+from specexp.distill.data import beside_corpus
 from specexp.distill.module import DistillModule
 from specexp.distill.objectives import total_variation, warped_log_probs
 from specexp.draft_vocab import DraftVocab
@@ -29,7 +30,6 @@ from specexp.drafts.feature_head import FeatureHead, Prediction, check_hidden_la
 from specexp.drafts.medusa_heads import MedusaHeads
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
-from specexp.ngram.corpus import cache_key
 
 
 def teacher_pass(model: PreTrainedModel, input_ids: torch.Tensor,
@@ -75,9 +75,7 @@ def with_target_features(dataset: datasets.Dataset, target: LoadedModel, layers:
 
 def feature_cache_path(corpus: datasets.Dataset, target: LoadedModel, layers: tuple[int, ...]) -> Path:
     """Where a corpus's feature cache lives: next to it, keyed by the target, its dtype and the layers."""
-    corpus_dir = Path(corpus.cache_files[0]["filename"]).parent
-    key = cache_key(target.name, str(target.model.dtype), list(layers))
-    return corpus_dir.with_name(f"{corpus_dir.name}-features-{key}")
+    return beside_corpus(corpus, "features", target.name, str(target.model.dtype), list(layers))
 
 
 @torch.no_grad()
