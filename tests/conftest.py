@@ -3,6 +3,7 @@ test's random state seeded (torch, numpy, random, hypothesis), so a build passes
 same way on every run and in any test order."""
 
 import copy as copy_module
+import os
 import random
 
 import numpy as np
@@ -14,6 +15,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specexp.models import LoadedModel
 
 EOS = 1
+
+# Under pytest-xdist (`-n N`) the workers share the cores: each (and every command it starts)
+# gets its share of threads, since oversubscribed OpenMP threads spin against each other.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = _threads
+    torch.set_num_threads(int(_threads))
 
 # Hypothesis draws its examples from a fixed seed: a failure reproduces, a pass stays a pass.
 settings.register_profile("specexp", derandomize=True)

@@ -54,6 +54,7 @@ def logged_run(tmp_path_factory) -> dict:
 
 
 @pytest.mark.default_target
+@pytest.mark.xdist_group("dashboard_logged_run")  # one worker runs the logged study
 def test_every_key_the_dashboard_reads_is_written_by_the_logger(logged_run):
     workspace = build_workspace("specexp", "me", group="default")
     missing = referenced_keys(workspace) - written_keys(logged_run)
@@ -61,6 +62,7 @@ def test_every_key_the_dashboard_reads_is_written_by_the_logger(logged_run):
 
 
 @pytest.mark.default_target
+@pytest.mark.xdist_group("dashboard_logged_run")  # one worker runs the logged study
 def test_the_logged_history_draws_speedup_against_k_and_the_acceptance_curve(logged_run):
     summary = logged_run["summary"]
     (headline,) = [row for row in logged_run["history"] if "k" in row]
