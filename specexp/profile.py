@@ -60,7 +60,7 @@ class Profile:
     target_s: list[list[float]]  # [L][n-1]: T(n, L), seconds of a pass over n new tokens
     overhead_s: float  # per round: verify, commit, rewind
     prefill_s: list[float]  # [L]: the prompt pass over L tokens (with the first token's warp)
-    # draft key -> {k, draft_s, reset_s, accepted, reached, method[, pass_s]}
+    # draft key -> {k, draft_s, reset_s, accepted, reached, method, weights[, pass_s]}
     drafts: dict[str, dict] = field(default_factory=dict)
     path: str | None = None
 
@@ -138,6 +138,36 @@ def draft_key(draft_cfg: DictConfig) -> str:
     for name in ("k", "k_max"):
         plain.pop(name, None)
     return f"{str(plain.get('_target_', '')).rsplit('.', 1)[-1]}-{short_hash(plain)}"
+
+
+def weights_fingerprint(drafter, depth: int = 3) -> str:
+    """A hash of the parameters the draft holds (nn.Modules reached through its attributes, up to
+    ``depth`` objects deep), so a head retrained into the same folder is profiled again rather than
+    priced with the old head's acceptance. Each parameter contributes its name, shape, dtype and
+    ~4k evenly strided values: cheap even for a draft that holds the target, and any retraining
+    moves them."""
+    digest, seen = hashlib.sha256(), set()
+
+    def visit(value, path: str, level: int) -> None:
+        if id(value) in seen or level > depth:
+            return
+        seen.add(id(value))
+        if isinstance(value, torch.nn.Module):
+            for name, param in value.named_parameters():
+                flat = param.detach().flatten()
+                sample = flat[:: max(1, flat.numel() // 4096)].to("cpu", torch.float64).numpy()
+                digest.update(f"{path}.{name}{tuple(param.shape)}{param.dtype}".encode() + sample.tobytes())
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                visit(value[key], f"{path}[{key}]", level + 1)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                visit(item, f"{path}[{i}]", level + 1)
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            visit(vars(value), path, level)
+
+    visit(drafter, "draft", 0)
+    return digest.hexdigest()[:16]
 
 
 def profile_path(key: dict) -> Path:
@@ -304,7 +334,9 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
     if drafter is not None and getattr(drafter, "max_k", None):  # a draft that proposes at most max_k (Medusa's chain)
         ks = ks[: drafter.max_k]
     entry = {} if profile is None else profile.drafts.get(draft_name, {})
+    weights = None if drafter is None else weights_fingerprint(drafter)
     need_draft = drafter is not None and (len(entry.get("k", [])) < len(ks) or entry.get("method") != DRAFT_METHOD
+                                          or entry.get("weights") != weights
                                           or (grows_trees(drafter) and "slot_reached" not in entry))
     steps = (0 if profile is not None else len(lengths) * (repeats + 1) + 1) + (len(ks) if need_draft else 0)
     if steps == 0:
@@ -318,7 +350,7 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
         if need_draft:
             _, ar_prefill_s = measure_overhead(forward, target, prompt, batch_size, sampling, new_tokens=2)
             profile.drafts[draft_name] = measure_draft(forward, target, drafter, prompt, batch_size, sampling, ks,
-                                                       ar_prefill_s, new_tokens, progress)
+                                                       ar_prefill_s, new_tokens, progress) | {"weights": weights}
     profile.save(path)
     return profile
 

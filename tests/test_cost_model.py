@@ -170,6 +170,34 @@ def test_model_k_does_not_ask_a_free_draft_that_cannot_pay():
     assert policy.choose(context(16)) == 0
 
 
+def test_a_draft_entry_is_measured_again_when_the_drafts_weights_change(tmp_path, monkeypatch):
+    """A head retrained into the same folder keeps its config (the entry's name) but not its
+    acceptance: the profile measures its entry again instead of starting K from the old head's."""
+    from specexp import profile as profile_module
+    from specexp.core.sampling import SamplingConfig
+    from specexp.drafts.small_lm import SmallLMDrafter
+    from specexp.models import LoadedModel
+    from tests.conftest import tiny_model
+
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
+    measured, measure_draft = [], profile_module.measure_draft
+    monkeypatch.setattr(profile_module, "measure_draft", lambda *a, **kw: measured.append(1) or measure_draft(*a, **kw))
+    target = LoadedModel(tiny_model(0, layers=1).model.float(), None, "tiny")
+    draft = LoadedModel(tiny_model(1, layers=1).model.float(), None, "d")
+    drafter = SmallLMDrafter(target, draft, k=2)
+
+    def weights_in_profile() -> str:
+        profile = profile_module.ensure_profile(target, target.model, {"name": "hf"}, drafter, "d", [5, 6, 7, 8], 1,
+                                                SamplingConfig(), 2, [16], repeats=1, new_tokens=4)
+        return profile.drafts["d"]["weights"]
+
+    first = weights_in_profile()
+    assert weights_in_profile() == first and len(measured) == 1  # unchanged weights: the cached entry
+    with torch.no_grad():
+        draft.model.lm_head.weight.mul_(1.5)
+    assert weights_in_profile() != first and len(measured) == 2
+
+
 def test_profile_acceptance_counts_follow_the_rule():
     """Position i is reached when proposed and every earlier one was accepted; rows out of the
     round (finished) count nothing."""
