@@ -4,7 +4,8 @@
 
 On MT-bench and Spec-Bench, greedy and T = 0.7: AR, then each shipped model draft at K = 1 (its
 alpha: the chance its first token is accepted, comparable across drafts) and as a study runs it
-(draft.k=auto; the feature drafts also as a dynamic tree, draft.tree=auto), every prompt decoded
+(draft.k=auto; the feature drafts also as a dynamic tree, draft.tree=auto; the EAGLE-3 head
+also with int8 linears, draft.quantize=int8, for its c), every prompt decoded
 by every method back to back in one process (the order rotating per prompt), so ratios share
 the machine's drift. Each row: alpha (accepted / drafted positions, a tree's by depth), tau
 (tokens per target pass), accepted draft tokens per pass, c (draft seconds per drafted position
@@ -24,7 +25,10 @@ from specexp.models import load_embedded_target
 from specexp.runtime import LeanRuntime, round_rows
 
 # name -> (draft config, overrides): the shipped heads; the shipped distilled draft and the fastest early exit
-FEATURE_DRAFTS = {"eagle3": ("eagle", ("draft.head=eagle3",)), "medusa": ("medusa", ())}
+FEATURE_DRAFTS = {"eagle3": ("eagle", ("draft.head=eagle3",)),
+                  "eagle3_int8": ("eagle", ("draft.head=eagle3", "draft.quantize=int8")),  # c with int8 linears
+                  "medusa": ("medusa", ())}
+AS_TREES = ("eagle3", "medusa")  # also drafted as dynamic trees
 OTHER_DRAFTS = {"distilled": ("distilled", ()),
                 "early_exit_L12": ("early_exit", ("draft.head=trained", "draft.exit_layer=12", "draft.mode=shared"))}
 SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
@@ -37,7 +41,7 @@ def fmt(value: float | None) -> str:
 
 def methods_of(draft: str, overrides: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     methods = {f"{draft} K=1": (*overrides, "draft.k=1"), f"{draft} K=auto": (*overrides, "draft.k=auto")}
-    if draft in FEATURE_DRAFTS:
+    if draft in AS_TREES:
         methods[f"{draft} tree=auto"] = (*overrides, "draft.tree=auto", f"draft.branches={TREE_BRANCHES}", "draft.k_max=8")
     return methods
 

@@ -9,6 +9,7 @@ from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
 from specexp.drafts.medusa import MedusaDrafter
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
+from specexp.drafts.quantize import quantize_linears
 from specexp.drafts.retrieval import RetrievalDrafter
 from specexp.drafts.small_lm import SmallLMDrafter, target_prefix_drafter, top_probability
 from specexp.models import LoadedModel
@@ -163,6 +164,9 @@ DRAFT_KINDS = {
     "medusa": lambda target, other, k, files: MedusaDrafter(target, medusa_heads(target, n_heads=max(k, 2)), k=k),
     "medusa_tree_reduced_vocab": lambda target, other, k, files: MedusaDrafter(
         target, medusa_heads(target, n_heads=3, keep_every=2), k=k, branches=2),
+    # a copy of the fitted head with int8 linears (draft.quantize=int8 swaps them in a freshly loaded head)
+    "eagle3_int8": lambda target, other, k, files: EagleDrafter(
+        target, quantize_linears(eagle_head(target, (0, 1, 2), keep_every=2), "int8"), k=k),
 }
 
 

@@ -128,7 +128,8 @@ def test_training_raises_heldout_alpha(sharp_pair, tmp_path, recipe):
 @pytest.mark.default_target
 def test_eagle3_command_end_to_end(tmp_path):
     """student=eagle3 on the default target at toy size exports a head folder that draft=eagle
-    runs exactly as a dynamic tree (the shipped head's chains: the smoke k_sweep and draft_compare)."""
+    runs exactly as a dynamic tree with int8 linears (the shipped head's chains: the smoke k_sweep and
+    draft_compare)."""
     run_dir = tmp_path / "run"
     out = run_distill("student=eagle3", "student.intermediate_size=256", "draft_vocab_size=512", "feature_cache=true",
                       *toy_corpus_args(tmp_path), "trainer.max_steps=4", "trainer.val_check_interval=2",
@@ -142,10 +143,12 @@ def test_eagle3_command_end_to_end(tmp_path):
     assert config["hidden_layers"] == [2, 15, 27] and config["target_layers"] == 30
     result = json.loads((run_dir / "result.json").read_text())
     assert result["steps"] == 4 and result["parameters"] < 4_000_000  # the head alone (the target has 135M)
-    study = run_study("draft=eagle", f"draft.head={head}", "draft.branches=2", "draft.k=4",
+    study = run_study("draft=eagle", f"draft.head={head}", "draft.branches=2", "draft.k=4", "draft.quantize=int8",
                       f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
-    assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0
+    summary = json.loads((tmp_path / "study" / "summary.json").read_text())
+    assert summary["greedy_match"] == 1.0
+    assert summary["runtime"]["draft_int8_linears"] >= 6  # fusion, the layer's q/k/v/o and MLP, its own head
     bad = run_distill("feature_cache=true", *toy_corpus_args(tmp_path), f"hydra.run.dir={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "feature_cache=true caches a feature head's inputs; student" in bad.stderr
 

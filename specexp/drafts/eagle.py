@@ -21,6 +21,7 @@ from specexp.draft_vocab import sample_draft
 from specexp.drafts.base import check_k
 from specexp.drafts.dynamic_tree import TreeRegion, check_tree, grow_tree
 from specexp.drafts.eagle_head import EagleHead
+from specexp.drafts.quantize import quantize_linears
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
@@ -144,6 +145,9 @@ def resolve_head(target: LoadedModel, head: str) -> EagleHead:
 
 
 def eagle_drafter(target: LoadedModel, head: str = "eagle3", k: int = 4, branches: int = 1,
-                  depth: int | None = None) -> EagleDrafter:
-    """`draft=eagle`: draft.head = eagle3 (shipped for the default target) | a head folder."""
-    return EagleDrafter(target, resolve_head(target, str(head)), k=k, branches=branches, depth=depth)
+                  depth: int | None = None, quantize: str | None = None) -> EagleDrafter:
+    """`draft=eagle`: draft.head = eagle3 (shipped for the default target) | a head folder;
+    draft.quantize = int8 | auto: the head's bias-free linears (fusion, the layer's projections,
+    its own LM head) in int8 on a CPU (`drafts/quantize.py`), as for a small-LM draft."""
+    loaded = quantize_linears(resolve_head(target, str(head)), quantize, in_place=True)  # loaded for this draft only
+    return EagleDrafter(target, loaded, k=k, branches=branches, depth=depth)

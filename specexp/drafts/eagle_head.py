@@ -108,9 +108,11 @@ class EagleHead(FeatureHead):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """h [..., H] -> logits [..., C]: the norm (EAGLE-1 on the target's head: none), then the head
-        (in its own dtype: the target's may be bf16 under an fp32 head in training)."""
+        (in its own dtype: the target's may be bf16 under an fp32 head in training; an int8 head
+        takes the layer's)."""
         head = self.get_output_embeddings()
-        return head(rms_norm(self.model.norm, hidden).to(head.weight.dtype))
+        dtype = head.weight.dtype if head.weight.is_floating_point() else self.dtype
+        return head(rms_norm(self.model.norm, hidden).to(dtype))
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """The layer's input [B, T, H] from tokens [B, T] (target ids) and the features before them

@@ -38,11 +38,14 @@ def resolve_quantize(scheme: str | None, device: torch.device) -> str | None:
     return scheme
 
 
-def quantize_linears(model: nn.Module, scheme: str | None, rows: tuple[int, ...] = (1,)) -> nn.Module:
+def quantize_linears(model: nn.Module, scheme: str | None, rows: tuple[int, ...] = (1,),
+                     in_place: bool = False) -> nn.Module:
     """A copy of ``model`` whose bias-free nn.Linear layers (the LM head included) hold int8
     weights; ``model`` itself when the scheme resolves to None. Embeddings stay as they are (a
     step reads one row). ``auto``: only the layer shapes for which this machine's matmul plan
-    measured the int8 kernel faster than the best fp32 formulation at ``rows`` (a draft step's)."""
+    measured the int8 kernel faster than the best fp32 formulation at ``rows`` (a draft step's).
+    ``in_place``: swap the layers in ``model`` itself (a head just loaded for this draft, which
+    holds the target's embedding by reference: a copy would copy that too)."""
     scheme = resolve_quantize(scheme, next(model.parameters()).device)
     if scheme is None:
         return model
@@ -53,7 +56,8 @@ def quantize_linears(model: nn.Module, scheme: str | None, rows: tuple[int, ...]
         chosen = {name: m for name, m in chosen.items() if faster[shape_key(m.weight)]}
     if not chosen:
         return model
-    model = copy.deepcopy(model)  # never touch a model shared with the target (a tied head, draft=target)
+    if not in_place:
+        model = copy.deepcopy(model)  # never touch a model shared with the target (a tied head, draft=target)
     for name in chosen:
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
