@@ -141,9 +141,9 @@ def draft_key(draft_cfg: DictConfig) -> str:
 
 
 def weights_fingerprint(drafter, depth: int = 3) -> str:
-    """A hash of the parameters the draft holds (nn.Modules reached through its attributes, up to
+    """A hash of the weights the draft holds (nn.Modules reached through its attributes, up to
     ``depth`` objects deep), so a head retrained into the same folder is profiled again rather than
-    priced with the old head's acceptance. Each parameter contributes its name, shape, dtype and
+    priced with the old head's acceptance. Each parameter or buffer contributes its name, shape, dtype and
     ~4k evenly strided values: cheap even for a draft that holds the target, and any retraining
     moves them."""
     digest, seen = hashlib.sha256(), set()
@@ -153,7 +153,7 @@ def weights_fingerprint(drafter, depth: int = 3) -> str:
             return
         seen.add(id(value))
         if isinstance(value, torch.nn.Module):
-            for name, param in value.named_parameters():
+            for name, param in [*value.named_parameters(), *value.named_buffers()]:  # int8 weights are buffers
                 flat = param.detach().flatten()
                 sample = flat[:: max(1, flat.numel() // 4096)].to("cpu", torch.float64).numpy()
                 digest.update(f"{path}.{name}{tuple(param.shape)}{param.dtype}".encode() + sample.tobytes())
