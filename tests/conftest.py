@@ -3,12 +3,18 @@ test's random state seeded (torch, numpy, random, hypothesis), so a build passes
 same way on every run and in any test order."""
 
 import copy as copy_module
+import json
 import os
 import random
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from filelock import FileLock
 from hypothesis import settings
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -148,22 +154,42 @@ def ngram_files(target, tmp_path_factory) -> dict[str, str]:
     return build_ngram_files(target, tmp_path_factory.mktemp("ngram"))
 
 
+@contextmanager
+def made_once_per_run(tmp_path_factory, name: str):
+    """A folder that one test run fills once, even across pytest-xdist workers (whose session
+    fixtures run once per worker): the first to get the lock fills it, the others find it filled."""
+    base = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        base = base.parent  # this run's folder, shared by its workers
+    with FileLock(str(base / f"{name}.lock")):
+        yield base / name
+
+
+def cli_once_per_run(tmp_path_factory, name: str, args: list[str], timeout: int) -> tuple[Path, subprocess.CompletedProcess]:
+    """`python -m specexp ARGS` run once per test run into a shared folder (passed to the args as
+    {folder}): (the folder, the CLI's CompletedProcess)."""
+    with made_once_per_run(tmp_path_factory, name) as folder:
+        record = folder / "cli.json"
+        if not record.exists():
+            folder.mkdir()
+            env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+            out = subprocess.run([sys.executable, "-m", "specexp", *(a.format(folder=folder) for a in args)],
+                                 cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                                 timeout=timeout, env=env)
+            record.write_text(json.dumps({"args": out.args, "returncode": out.returncode, "stdout": out.stdout,
+                                          "stderr": out.stderr}))
+        done = json.loads(record.read_text())
+    return folder, subprocess.CompletedProcess(done["args"], done["returncode"], done["stdout"], done["stderr"])
+
+
 @pytest.fixture(scope="session")
 def smoke_k_sweep(tmp_path_factory):
     """`experiment=k_sweep size=smoke` on the default target at K = 1, 2, auto and heuristic (the
-    experiment's other K only add jobs of the same kind), run once per session: (sweep folder, the
-    CLI's CompletedProcess)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    sweep = tmp_path_factory.mktemp("sweeps") / "k_sweep"
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    out = subprocess.run([sys.executable, "-m", "specexp", "experiment=k_sweep", "size=smoke",
-                          "draft.k=1,2,auto,heuristic", f"hydra.sweep.dir={sweep}"],
-                         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=1200, env=env)
-    return sweep, out
+    experiment's other K only add jobs of the same kind), run once per test run: (sweep folder,
+    the CLI's CompletedProcess)."""
+    folder, out = cli_once_per_run(tmp_path_factory, "smoke_k_sweep", [
+        "experiment=k_sweep", "size=smoke", "draft.k=1,2,auto,heuristic", "hydra.sweep.dir={folder}/k_sweep"], 1200)
+    return folder / "k_sweep", out
 
 
 @pytest.fixture(scope="session")

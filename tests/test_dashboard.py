@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from specexp.dashboard import Key, build_workspace, referenced_keys
+from tests.conftest import cli_once_per_run
 from tests.wandb_reader import offline_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,20 +42,17 @@ def written_keys(run: dict) -> set[Key]:
 
 @pytest.fixture(scope="module")
 def logged_run(tmp_path_factory) -> dict:
-    """One study job logged by logger=wandb, offline, read back from its .wandb file. K is fixed:
-    draft.k=auto may rightly choose plain AR steps throughout on a machine where verifying costs
-    more, and a run that drafted nothing writes no acceptance curve."""
-    run_dir = tmp_path_factory.mktemp("dashboard") / "run"
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    out = subprocess.run([sys.executable, "-m", "specexp", "logger=wandb", "data.limit=2", "max_new_tokens=6", "draft.k=8",
-                          f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    """One study job logged by logger=wandb, offline, read back from its .wandb file (run once per
+    test run). K is fixed: draft.k=auto may rightly choose plain AR steps throughout on a machine
+    where verifying costs more, and a run that drafted nothing writes no acceptance curve."""
+    folder, out = cli_once_per_run(tmp_path_factory, "dashboard_logged_run", [
+        "logger=wandb", "data.limit=2", "max_new_tokens=6", "draft.k=8", "hydra.run.dir={folder}/run"], 600)
     assert out.returncode == 0, out.stderr[-3000:]
-    (wandb_dir,) = (run_dir / "wandb").glob("offline-run-*")
+    (wandb_dir,) = (folder / "run" / "wandb").glob("offline-run-*")
     return offline_run(wandb_dir)
 
 
 @pytest.mark.default_target
-@pytest.mark.xdist_group("dashboard_logged_run")  # one worker runs the logged study
 def test_every_key_the_dashboard_reads_is_written_by_the_logger(logged_run):
     workspace = build_workspace("specexp", "me", group="default")
     missing = referenced_keys(workspace) - written_keys(logged_run)
@@ -62,7 +60,6 @@ def test_every_key_the_dashboard_reads_is_written_by_the_logger(logged_run):
 
 
 @pytest.mark.default_target
-@pytest.mark.xdist_group("dashboard_logged_run")  # one worker runs the logged study
 def test_the_logged_history_draws_speedup_against_k_and_the_acceptance_curve(logged_run):
     summary = logged_run["summary"]
     (headline,) = [row for row in logged_run["history"] if "k" in row]

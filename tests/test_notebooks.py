@@ -42,11 +42,10 @@ SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook
 
 
 @pytest.mark.default_target
-@pytest.mark.parametrize("name", [pytest.param("k_sweep", marks=pytest.mark.xdist_group("smoke_k_sweep")),
-                                  *SMOKE_SWEEPS, "distill_ablation"])
+@pytest.mark.parametrize("name", ["k_sweep", *SMOKE_SWEEPS, "distill_ablation"])
 def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, monkeypatch, request):
     sweep = tmp_path / name
-    if name == "k_sweep":  # the sweep test_sweeps checks, made once per session
+    if name == "k_sweep":  # the sweep test_sweeps checks, made once per test run
         sweep, out = request.getfixturevalue("smoke_k_sweep")
         assert out.returncode == 0, out.stderr[-3000:]
     elif name == "distill_ablation":

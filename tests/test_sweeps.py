@@ -71,7 +71,6 @@ def test_launchers_and_loggers_compose(launcher, logger):
 
 
 @pytest.mark.default_target
-@pytest.mark.xdist_group("smoke_k_sweep")  # its fixture runs once per worker: keep its users on one
 def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     sweep, out = smoke_k_sweep
     assert out.returncode == 0, out.stderr[-3000:]
