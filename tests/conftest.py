@@ -171,7 +171,7 @@ def cli_once_per_run(tmp_path_factory, name: str, args: list[str], timeout: int)
     with made_once_per_run(tmp_path_factory, name) as folder:
         record = folder / "cli.json"
         if not record.exists():
-            folder.mkdir()
+            folder.mkdir(exist_ok=True)  # a worker before may have timed out in it
             env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
             out = subprocess.run([sys.executable, "-m", "specexp", *(a.format(folder=folder) for a in args)],
                                  cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
