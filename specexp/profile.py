@@ -35,6 +35,7 @@ from specexp.core.tree_policy import slot_counts
 from specexp.drafts.dynamic_tree import grows_trees
 from specexp.errors import UserInputError
 from specexp.models import cache_root
+from specexp.runtime import draft_models
 from specexp.runtime.matmul import hardware_fingerprint
 from specexp.tracking import write_atomic
 
@@ -140,33 +141,17 @@ def draft_key(draft_cfg: DictConfig) -> str:
     return f"{str(plain.get('_target_', '')).rsplit('.', 1)[-1]}-{short_hash(plain)}"
 
 
-def weights_fingerprint(drafter, depth: int = 3) -> str:
-    """A hash of the weights the draft holds (nn.Modules reached through its attributes, up to
-    ``depth`` objects deep), so a head retrained into the same folder is profiled again rather than
-    priced with the old head's acceptance. Each parameter or buffer contributes its name, shape, dtype and
-    ~4k evenly strided values: cheap even for a draft that holds the target, and any retraining
-    moves them."""
-    digest, seen = hashlib.sha256(), set()
-
-    def visit(value, path: str, level: int) -> None:
-        if id(value) in seen or level > depth:
-            return
-        seen.add(id(value))
-        if isinstance(value, torch.nn.Module):
-            for name, param in [*value.named_parameters(), *value.named_buffers()]:  # int8 weights are buffers
-                flat = param.detach().flatten()
-                sample = flat[:: max(1, flat.numel() // 4096)].to("cpu", torch.float64).numpy()
-                digest.update(f"{path}.{name}{tuple(param.shape)}{param.dtype}".encode() + sample.tobytes())
-        elif isinstance(value, dict):
-            for key in sorted(value, key=str):
-                visit(value[key], f"{path}[{key}]", level + 1)
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                visit(item, f"{path}[{i}]", level + 1)
-        elif hasattr(value, "__dict__") and not isinstance(value, type):
-            visit(vars(value), path, level)
-
-    visit(drafter, "draft", 0)
+def weights_fingerprint(drafter) -> str:
+    """A hash of the weights of the models the draft runs (`runtime.draft_models`), so a head
+    retrained into the same folder is profiled again rather than priced with the old head's
+    acceptance. Each parameter or buffer (int8 weights are buffers) contributes its name, shape,
+    dtype and ~4k evenly strided values: cheap even for a draft that holds the target."""
+    digest = hashlib.sha256()
+    for i, model in enumerate(draft_models(drafter)):
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            flat = tensor.detach().flatten()
+            sample = flat[:: max(1, flat.numel() // 4096)].to("cpu", torch.float64).numpy()
+            digest.update(f"{i}.{name}{tuple(tensor.shape)}{tensor.dtype}".encode() + sample.tobytes())
     return digest.hexdigest()[:16]
 
 
