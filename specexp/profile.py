@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
@@ -310,34 +311,38 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
     key = profile_key(target, runtime_record, batch_size, sampling, measurement)
     path = profile_path(key)
     max_tokens = max(k_max, PROFILED_K) + 1
-    profile = None if force or not path.exists() else Profile.load(path)
-    if profile is not None and profile.max_tokens < max_tokens:
-        profile = None  # this study passes more tokens than the cached profile measured
-    context = target.context_length or max(context_lengths) + max_tokens
-    lengths = [length for length in context_lengths if length + max_tokens <= context] or [max(context - max_tokens, 1)]
-    ks = list(range(1, max_tokens))
-    if drafter is not None and getattr(drafter, "max_k", None):  # a draft that proposes at most max_k (Medusa's chain)
-        ks = ks[: drafter.max_k]
-    entry = {} if profile is None else profile.drafts.get(draft_name, {})
-    weights = None if drafter is None else weights_fingerprint(drafter)
-    need_draft = drafter is not None and (len(entry.get("k", [])) < len(ks) or entry.get("method") != DRAFT_METHOD
-                                          or entry.get("weights") != weights
-                                          or (grows_trees(drafter) and "slot_reached" not in entry))
-    steps = (0 if profile is not None else len(lengths) * (repeats + 1) + 1) + (len(ks) if need_draft else 0)
-    if steps == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Processes sharing the cache (parallel sweep jobs) take turns: each reads the entries the one
+    # before it saved, and none times a pass while another measures.
+    with FileLock(str(path) + ".lock"):
+        profile = None if force or not path.exists() else Profile.load(path)
+        if profile is not None and profile.max_tokens < max_tokens:
+            profile = None  # this study passes more tokens than the cached profile measured
+        context = target.context_length or max(context_lengths) + max_tokens
+        lengths = [length for length in context_lengths if length + max_tokens <= context] or [max(context - max_tokens, 1)]
+        ks = list(range(1, max_tokens))
+        if drafter is not None and getattr(drafter, "max_k", None):  # a draft that proposes at most max_k (Medusa's chain)
+            ks = ks[: drafter.max_k]
+        entry = {} if profile is None else profile.drafts.get(draft_name, {})
+        weights = None if drafter is None else weights_fingerprint(drafter)
+        need_draft = drafter is not None and (len(entry.get("k", [])) < len(ks) or entry.get("method") != DRAFT_METHOD
+                                              or entry.get("weights") != weights
+                                              or (grows_trees(drafter) and "slot_reached" not in entry))
+        steps = (0 if profile is not None else len(lengths) * (repeats + 1) + 1) + (len(ks) if need_draft else 0)
+        if steps == 0:
+            return profile
+        with tqdm(total=steps, desc="hardware profile", unit="step", dynamic_ncols=True, file=sys.stderr) as progress:
+            if profile is None:
+                target_s, prefill_s = measure_target(forward, batch_size, max_tokens, lengths, sampling, repeats, progress)
+                overhead_s, _ = measure_overhead(forward, target, prompt, batch_size, sampling, new_tokens)
+                progress.update(1)
+                profile = Profile(key, lengths, target_s, overhead_s, prefill_s)
+            if need_draft:
+                _, ar_prefill_s = measure_overhead(forward, target, prompt, batch_size, sampling, new_tokens=2)
+                profile.drafts[draft_name] = measure_draft(forward, target, drafter, prompt, batch_size, sampling, ks,
+                                                           ar_prefill_s, new_tokens, progress) | {"weights": weights}
+        profile.save(path)
         return profile
-    with tqdm(total=steps, desc="hardware profile", unit="step", dynamic_ncols=True, file=sys.stderr) as progress:
-        if profile is None:
-            target_s, prefill_s = measure_target(forward, batch_size, max_tokens, lengths, sampling, repeats, progress)
-            overhead_s, _ = measure_overhead(forward, target, prompt, batch_size, sampling, new_tokens)
-            progress.update(1)
-            profile = Profile(key, lengths, target_s, overhead_s, prefill_s)
-        if need_draft:
-            _, ar_prefill_s = measure_overhead(forward, target, prompt, batch_size, sampling, new_tokens=2)
-            profile.drafts[draft_name] = measure_draft(forward, target, drafter, prompt, batch_size, sampling, ks,
-                                                       ar_prefill_s, new_tokens, progress) | {"weights": weights}
-    profile.save(path)
-    return profile
 
 
 def describe(profile: Profile) -> str:

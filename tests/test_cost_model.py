@@ -198,6 +198,40 @@ def test_a_draft_entry_is_measured_again_when_the_drafts_weights_change(tmp_path
     assert weights_in_profile() != first and len(measured) == 2
 
 
+def test_jobs_sharing_the_profile_cache_take_turns(tmp_path, monkeypatch):
+    """Parallel sweep jobs (joblib, xdist) that need the same profile: the target is measured once
+    and each job's draft entry survives the other's save (without the lock both measure the target
+    and the later save drops the earlier draft)."""
+    import threading
+
+    from specexp import profile as profile_module
+    from specexp.core.sampling import SamplingConfig
+    from specexp.drafts.small_lm import SmallLMDrafter
+    from specexp.models import LoadedModel
+    from tests.conftest import tiny_model
+
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
+    timed, measure_target = [], profile_module.measure_target
+    monkeypatch.setattr(profile_module, "measure_target", lambda *a, **kw: timed.append(1) or measure_target(*a, **kw))
+    target = LoadedModel(tiny_model(0, layers=1).model.float(), None, "tiny")
+    drafters = {name: SmallLMDrafter(target, LoadedModel(tiny_model(seed, layers=1).model.float(), None, name), k=2)
+                for seed, name in ((1, "a"), (2, "b"))}
+    start = threading.Barrier(len(drafters))
+
+    def profile_with(name: str) -> None:
+        start.wait()
+        profile_module.ensure_profile(target, target.model, {"name": "hf"}, drafters[name], name, [5, 6, 7, 8], 1,
+                                      SamplingConfig(), 2, [16], repeats=2, new_tokens=4)
+
+    threads = [threading.Thread(target=profile_with, args=(name,)) for name in drafters]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    (path,) = (tmp_path / "profiles").glob("*.json")
+    assert set(profile_module.Profile.load(path).drafts) == {"a", "b"} and len(timed) == 1
+
+
 def test_profile_acceptance_counts_follow_the_rule():
     """Position i is reached when proposed and every earlier one was accepted; rows out of the
     round (finished) count nothing."""

@@ -107,23 +107,27 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     plane = plots.cost_quality_plane(jobs, *figures.plane_pricing(jobs)).axes[0]
     assert {t.get_text() for t in plane.get_legend().get_texts()} == drafts
     assert plane.get_title().startswith("contours: cost model on")
-    # The sweep re-priced under a profile written by hand: a machine whose passes cost T(n) = T(1)
-    # and whose drafts are free predicts more speedup for every draft than this one.
-    # Each job recorded the profile as it stood when it ran (on a fresh machine, without the drafts
-    # profiled after it): the hand-written one holds every draft the sweep ran.
+    # The sweep re-priced under a profile written by hand: a machine whose passes over n tokens cost
+    # no more than its cheapest and whose drafts are free predicts more speedup for every job than
+    # the machine's own profile (both hold every draft the sweep ran: each job recorded the profile
+    # as it stood when it ran, without the drafts profiled after it).
     profiles = [figures.job_profile(path) for path in jobs["path"]]
     own, entries = profiles[0], {name: entry for profile in profiles for name, entry in profile.drafts.items()}
-    flat = dict(own.record(), target_s=[[row[0]] * len(row) for row in own.target_s],
+    measured = dict(own.record(), drafts=entries)
+    flat = dict(measured, target_s=[[min(row)] * len(row) for row in own.target_s],
                 drafts={name: dict(entry, draft_s=[0.0] * len(entry["draft_s"]), pass_s=None)
                         for name, entry in entries.items()})
-    (tmp_path / "flat.json").write_text(json.dumps(flat))
-    out = run_cli(str(sweep), "--profile", str(tmp_path / "flat.json"), "--out", str(tmp_path / "predict"),
-                  module="specexp.predict")
-    assert out.returncode == 0, out.stderr
-    repriced = pd.read_csv(tmp_path / "predict" / "predict.csv")
-    assert len(repriced) == 20 and repriced["predicted"].notna().all()
-    assert (repriced["predicted"] >= repriced["predicted_own"] * 0.999).all()
-    assert (tmp_path / "predict" / "predict.pdf").exists()
+    repriced = {}
+    for name, record in {"measured": measured, "flat": flat}.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+        out = run_cli(str(sweep), "--profile", str(tmp_path / f"{name}.json"), "--out", str(tmp_path / name),
+                      module="specexp.predict")
+        assert out.returncode == 0, out.stderr
+        repriced[name] = pd.read_csv(tmp_path / name / "predict.csv")
+        assert len(repriced[name]) == 20 and repriced[name]["predicted"].notna().all()
+    assert repriced["flat"]["predicted_own"].notna().all()
+    assert (repriced["flat"]["predicted"] >= repriced["measured"]["predicted"] * 0.999).all()
+    assert (tmp_path / "flat" / "predict.pdf").exists()
 
 
 @pytest.mark.default_target
