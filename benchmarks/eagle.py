@@ -25,7 +25,7 @@ from specexp.models import load_embedded_target
 from specexp.runtime import LeanRuntime, round_rows
 
 # name -> (draft config, overrides): the shipped heads; the shipped distilled draft and the fastest early exit
-FEATURE_DRAFTS = {"eagle3": ("eagle", ("draft.head=eagle3",)),
+FEATURE_DRAFTS = {"eagle3": ("eagle", ("draft.head=eagle3", "draft.quantize=null")),  # fp32
                   "eagle3_int8": ("eagle", ("draft.head=eagle3", "draft.quantize=int8")),  # c with int8 linears
                   "medusa": ("medusa", ())}
 AS_TREES = ("eagle3", "medusa")  # also drafted as dynamic trees
