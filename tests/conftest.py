@@ -7,7 +7,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from hypothesis import settings
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specexp.models import LoadedModel
+from tests.commands import run_specexp
 
 EOS = 1
 
@@ -172,10 +172,7 @@ def cli_once_per_run(tmp_path_factory, name: str, args: list[str], timeout: int)
         record = folder / "cli.json"
         if not record.exists():
             folder.mkdir(exist_ok=True)  # a worker before may have timed out in it
-            env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-            out = subprocess.run([sys.executable, "-m", "specexp", *(a.format(folder=folder) for a in args)],
-                                 cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
-                                 timeout=timeout, env=env)
+            out = run_specexp(*(a.format(folder=folder) for a in args), timeout=timeout)
             record.write_text(json.dumps({"args": out.args, "returncode": out.returncode, "stdout": out.stdout,
                                           "stderr": out.stderr}))
         done = json.loads(record.read_text())

@@ -1,8 +1,6 @@
 """`python -m specexp`: config composition, one-line errors, and the default study end to end."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -11,18 +9,13 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from specexp.cli import CONFIG_DIR, unknown_choice
+from tests.commands import run_specexp
 from tests.conftest import tiny_model
 
-REPO = Path(__file__).resolve().parent.parent
 GROUP_OPTIONS = {group: sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
                  for group in ("target", "draft", "data", "sampling")}
 REQUIRED = {"target=hf": ["target.name_or_path=org/name"], "draft=small_lm": ["draft.model=org/name"],
             "data=hf": ["data.name_or_path=prompts.jsonl"]}
-
-
-def run_cli(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specexp", *overrides], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("choice", [f"{g}={o}" for g, opts in GROUP_OPTIONS.items() for o in opts])
@@ -46,7 +39,7 @@ def test_unknown_choice_names_value_and_allowed():
 
 
 def test_cfg_job_shows_overrides():
-    out = run_cli("--cfg", "job", "draft=small_lm", "draft.model=some/model", "draft.k=8", "sampling.temperature=0.7")
+    out = run_specexp("--cfg", "job", "draft=small_lm", "draft.model=some/model", "draft.k=8", "sampling.temperature=0.7")
     assert out.returncode == 0, out.stderr
     assert "k: 8" in out.stdout and "temperature: 0.7" in out.stdout and "model: some/model" in out.stdout
 
@@ -84,7 +77,7 @@ def test_bad_input_is_one_line_error_and_nothing_written(case, prompt_files, tmp
     overrides, message = BAD_INPUTS[case]
     overrides = [o.format(**prompt_files) for o in overrides]
     run_dir = tmp_path / "run"
-    out = run_cli(*overrides, f"hydra.run.dir={run_dir}")
+    out = run_specexp(*overrides, f"hydra.run.dir={run_dir}")
     assert out.returncode == 2, out.stderr
     error_lines = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert len(error_lines) == 1 and message in error_lines[0], out.stderr
@@ -95,7 +88,7 @@ def test_bad_input_is_one_line_error_and_nothing_written(case, prompt_files, tmp
 @pytest.mark.default_target
 def test_default_study_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
-    out = run_cli("data.limit=2", "max_new_tokens=12", f"hydra.run.dir={run_dir}")
+    out = run_specexp("data.limit=2", "max_new_tokens=12", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
@@ -127,8 +120,8 @@ def test_small_lm_draft_from_a_local_folder(tmp_path):
     draft.model.save_pretrained(tmp_path / "draft")
     draft.tokenizer.save_pretrained(tmp_path / "draft")
     run_dir = tmp_path / "run"
-    out = run_cli("draft=small_lm", f"draft.model={tmp_path / 'draft'}", "draft.k=3", "data.limit=1",
-                  "max_new_tokens=10", f"hydra.run.dir={run_dir}")
+    out = run_specexp("draft=small_lm", f"draft.model={tmp_path / 'draft'}", "draft.k=3", "data.limit=1",
+                      "max_new_tokens=10", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["greedy_match"] == 1.0 and summary["draft"] == "SmallLMDrafter"

@@ -2,8 +2,6 @@
 the prediction for a hand-made run under a hand-written profile, and draft.k=auto's choices."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from specexp.core.k_policy import ModelK, expected_tokens
 from specexp.core.tree_policy import TreeK, slot_counts
 from specexp.profile import Profile
 from specexp.study import summarize
+from tests.commands import run_module
 
 
 def hand_profile(pass_s=(0.1, 0.1, 0.2), overhead_s=0.01, draft_s=(0.005, 0.010), reset_s=0.02) -> Profile:
@@ -264,11 +263,6 @@ def test_the_model_curve_passes_within_10_percent_of_a_recorded_sweep():
         assert abs(job.speedup / curve[(job.draft, int(job.k))] - 1) <= 0.10, (job.draft, job.k)
     # and every job of it, K chosen per round too, within [0.9, 1.1] of the model's prediction for it
     assert jobs["realized_over_predicted"].between(0.9, 1.1).all()
-
-
-def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=RECORDED_SWEEP.parent.parent, capture_output=True,
-                          text=True, timeout=600)
 
 
 @pytest.mark.default_target

@@ -3,21 +3,17 @@ without a key or network it prints what it would save and exits 0."""
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from specexp.dashboard import Key, build_workspace, referenced_keys
+from tests.commands import run_module
 from tests.conftest import cli_once_per_run
 from tests.wandb_reader import offline_run
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def run_dashboard(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specexp.dashboard", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env=env)
+    return run_module("specexp.dashboard", *args, timeout=120, env=env)
 
 
 def written_keys(run: dict) -> set[Key]:

@@ -4,8 +4,6 @@ saved step, and bad input is refused."""
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import lightning as L
 import pytest
@@ -23,9 +21,9 @@ from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import load_model
 from specexp.ngram.corpus import corpus_documents, self_written_prompts
+from tests.commands import run_module, run_specexp
 from tests.conftest import EOS, tiny_model
 
-REPO = Path(__file__).resolve().parent.parent
 TINY_STUDENT = dict(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64)
 
 
@@ -191,13 +189,11 @@ def toy_corpus_args(tmp_path) -> list[str]:
 
 
 def run_distill(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specexp.distill", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+    return run_module("specexp.distill", *args)
 
 
 def run_study(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specexp", "size=smoke", "data.limit=1", "max_new_tokens=8", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    return run_specexp("size=smoke", "data.limit=1", "max_new_tokens=8", *args)
 
 
 def test_distill_command_end_to_end(tmp_path):
@@ -305,9 +301,8 @@ def test_shipped_distilled_draft_runs_exactly_on_the_default_target(tmp_path, dr
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         assert compose(config_name="config", overrides=[f"draft={draft}"]).draft.k == "auto"  # as shipped
-    out = subprocess.run([sys.executable, "-m", "specexp", f"draft={draft}", "draft.k=2", f"sampling={sampling}",
-                          "size=smoke", "data.limit=2", "max_new_tokens=16", f"hydra.run.dir={tmp_path}"], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
+    out = run_specexp(f"draft={draft}", "draft.k=2", f"sampling={sampling}", "size=smoke", "data.limit=2",
+                      "max_new_tokens=16", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["draft"] == "SmallLMDrafter" and summary["k_policy"] == "fixed" and summary["k"] == 2

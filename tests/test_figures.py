@@ -2,9 +2,6 @@
 through their artists), and the figures command on empty and partial folders."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import matplotlib
 
@@ -18,8 +15,8 @@ from matplotlib.collections import PathCollection  # noqa: E402
 from specexp import metrics, plots  # noqa: E402
 from specexp.cost_model import best_speedup_on  # noqa: E402
 from specexp.figures import make_figures  # noqa: E402
+from tests.commands import run_module
 
-REPO = Path(__file__).resolve().parent.parent
 DRAFTS = ("prompt_lookup", "distilled")
 
 
@@ -143,11 +140,9 @@ def test_headline_table_picks_each_drafts_best_k(synthetic):
 
 
 def test_figures_command_explains_empty_and_partial_folders(tmp_path):
-    empty = subprocess.run([sys.executable, "-m", "specexp.figures", str(tmp_path)], cwd=REPO, capture_output=True,
-                           text=True, timeout=120)
+    empty = run_module("specexp.figures", str(tmp_path), timeout=120)
     assert empty.returncode == 2 and "nothing to plot" in empty.stderr and "Traceback" not in empty.stderr
-    missing = subprocess.run([sys.executable, "-m", "specexp.figures", str(tmp_path / "nope")], cwd=REPO,
-                             capture_output=True, text=True, timeout=120)
+    missing = run_module("specexp.figures", str(tmp_path / "nope"), timeout=120)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     failed = tmp_path / "sweep" / "draft=x"  # a sweep whose only job failed
     (failed / ".hydra").mkdir(parents=True)

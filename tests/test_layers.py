@@ -3,11 +3,11 @@ nothing above it, and loading models needs no draft strategy."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.commands import REPO
+
 CORE_MODULES = sorted(f"specexp.core.{p.stem}" for p in (REPO / "specexp" / "core").glob("*.py") if p.stem != "__init__")
 
 

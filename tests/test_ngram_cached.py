@@ -3,8 +3,6 @@ file once per target into the cache, and every draft option that cannot be met i
 
 import json
 import re
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -18,9 +16,9 @@ from specexp.errors import UserInputError
 from specexp.k_choice import build_draft
 from specexp.ngram import cached
 from specexp.ngram.corpus import PACKAGED_TEXTS, packaged_text
+from tests.commands import run_specexp
 from tests.conftest import build_ngram_files, tiny_model
 
-REPO = Path(__file__).resolve().parent.parent
 DRAFT_OPTIONS = sorted(p.stem for p in (Path(CONFIG_DIR) / "draft").glob("*.yaml"))
 
 
@@ -66,9 +64,9 @@ def test_ngram_drafts_run_with_no_options_on_the_default_target(tmp_path):
     """The Done-when of issue 17: no path, no corpus given; built from the shipped corpora and
     the target's own answers, then greedy output identical to AR, with drafting happening."""
     sweep = tmp_path / "sweep"
-    out = subprocess.run([sys.executable, "-m", "specexp", "-m", "draft=ngram_lm,retrieval", "draft.k=4", "size=smoke",
-                          "data.limit=2", "max_new_tokens=24", f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True,
-                         text=True, timeout=1200)  # a fixed K: drafting happens whatever this machine's costs say
+    # a fixed K: drafting happens whatever this machine's costs say
+    out = run_specexp("-m", "draft=ngram_lm,retrieval", "draft.k=4", "size=smoke", "data.limit=2", "max_new_tokens=24",
+                      f"hydra.sweep.dir={sweep}", timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     for draft in ("ngram_lm", "retrieval"):
         run = sweep / f"data.limit=2,draft.k=4,draft={draft},max_new_tokens=24,size=smoke"
@@ -105,8 +103,7 @@ def test_every_draft_config_with_its_required_values_missing_is_one_line():
 def test_a_missing_required_value_ends_in_one_line_and_exit_2(tmp_path):
     for overrides, key in ((["draft=small_lm"], "draft.model"), (["target=hf"], "target.name_or_path"),
                            (["data=hf"], "data.name_or_path")):
-        out = subprocess.run([sys.executable, "-m", "specexp", *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+        out = run_specexp(*overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
         assert out.stderr.strip().splitlines() == [out.stderr.strip().splitlines()[-1]]
         assert out.stderr.startswith(f"error: {key} is required by {overrides[0]}")

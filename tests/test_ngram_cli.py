@@ -1,22 +1,14 @@
 """`python -m specexp.ngram`: build drafts for the default target, use them, and clear errors."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.retrieval import RetrievalDrafter
 from specexp.errors import UserInputError
+from tests.commands import run_module
 from tests.conftest import build_ngram_files, tiny_model
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 def test_files_built_for_another_vocabulary_are_refused(tmp_path):

@@ -1,16 +1,14 @@
 """The analysis notebooks: stored without outputs, and each executes top to bottom against
 smoke sweeps made here (the study CLI and the distillation CLI on the default target)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.commands import REPO, run_module
+
 NOTEBOOKS = sorted((REPO / "analysis").glob("*.ipynb"))
 
 
@@ -24,9 +22,7 @@ def test_there_is_a_notebook_per_study_and_none_stores_outputs():
 
 
 def run(module: str, *args: str) -> None:
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    out = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True, timeout=900,
-                         env=env)
+    out = run_module(module, *args, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
 
 

@@ -1,9 +1,6 @@
 """draft=oracle: acceptance set by hand (per position), a real draft's cost, exact like every draft."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +11,8 @@ from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.oracle import OracleDrafter, greedy_continuations
 from specexp.errors import UserInputError
+from tests.commands import run_specexp
 
-REPO = Path(__file__).resolve().parent.parent
 GREEDY = SamplingConfig()
 NO_EOS = [10**6]
 
@@ -69,11 +66,9 @@ def test_the_oracle_refuses_sampling_and_bad_alphas(target, prompts):
 
 @pytest.mark.default_target
 def test_a_study_with_the_oracle_runs_priced_and_refuses_sampling(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "specexp", "draft=oracle", "draft.alpha=1.0", "draft.k=3", "size=smoke",
-                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = run_specexp("draft=oracle", "draft.alpha=1.0", "draft.k=3", "size=smoke", f"hydra.run.dir={tmp_path / 'run'}")
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["alpha"] == 1.0 and summary["greedy_match"] == 1.0 and summary["predicted_speedup"] is not None
-    bad = subprocess.run([sys.executable, "-m", "specexp", "draft=oracle", "sampling=nucleus", "size=smoke",
-                          f"hydra.run.dir={tmp_path / 'bad'}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    bad = run_specexp("draft=oracle", "sampling=nucleus", "size=smoke", f"hydra.run.dir={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "needs greedy decoding" in bad.stderr and not (tmp_path / "bad").exists()

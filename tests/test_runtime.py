@@ -2,8 +2,6 @@
 exactly as before, and a machine's plan is measured once and then read back."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,10 +14,9 @@ from specexp.core.sampling import SamplingConfig
 from specexp.runtime import HFRuntime, LeanRuntime, draft_models, matmul, round_rows
 from specexp.runtime.decoder import lean_decoder
 from specexp.runtime.matmul import FORMULATIONS, MatmulPlans, apply_plan, linear_modules, plan_linear, shape_key
+from tests.commands import run_specexp
 from tests.conftest import tiny_model
 from tests.drafters import make_drafter
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("name", FORMULATIONS)
@@ -161,8 +158,7 @@ def test_the_lean_runtime_falls_back_to_transformers_for_other_architectures(tmp
 @pytest.mark.default_target
 def test_a_study_records_its_runtime_and_plan(tmp_path):
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "specexp", "size=smoke", "data.limit=1", "max_new_tokens=8", "draft.k=2",
-                          f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = run_specexp("size=smoke", "data.limit=1", "max_new_tokens=8", "draft.k=2", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     runtime = summary["runtime"]

@@ -15,17 +15,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specexp.cli import CONFIG_DIR
+from tests.commands import REPO, run_module, run_specexp
 from tests.wandb_reader import offline_run
 
-REPO = Path(__file__).resolve().parent.parent
 ALL_EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 EXPERIMENTS = [e for e in ALL_EXPERIMENTS if not e.startswith("distill_")]  # studies; distill_* are specexp.distill's
-
-
-def run_cli(*args: str, module: str = "specexp", timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("size", ["default", "smoke"])
@@ -75,7 +69,7 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     sweep, out = smoke_k_sweep
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("[done]") == 20  # one line per finished job
-    out = run_cli(str(sweep), module="specexp.collect")
+    out = run_module("specexp.collect", str(sweep))
     assert out.returncode == 0, out.stderr
     table = pd.read_parquet(sweep / "collected.parquet")
     assert len(table) == 20 and set(table["status"]) == {"ok"}
@@ -86,7 +80,7 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     assert (table["greedy_match"] == 1.0).all()
     assert table["predicted_speedup"].notna().all()  # every job priced by this machine's profile
     assert (sweep / "collected.csv").exists() and "20 jobs" in out.stdout
-    out = run_cli(str(sweep), "--out", str(tmp_path / "figures"), module="specexp.figures")
+    out = run_module("specexp.figures", str(sweep), "--out", str(tmp_path / "figures"))
     assert out.returncode == 0, out.stderr
     made = {p.name for p in (tmp_path / "figures").iterdir()}
     assert {"speedup_vs_k.pdf", "acceptance_curve.pdf", "cost_quality_plane.png", "realized_vs_predicted.pdf",
@@ -120,8 +114,8 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     repriced = {}
     for name, record in {"measured": measured, "flat": flat}.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(record))
-        out = run_cli(str(sweep), "--profile", str(tmp_path / f"{name}.json"), "--out", str(tmp_path / name),
-                      module="specexp.predict")
+        out = run_module("specexp.predict", str(sweep), "--profile", str(tmp_path / f"{name}.json"), "--out",
+                         str(tmp_path / name))
         assert out.returncode == 0, out.stderr
         repriced[name] = pd.read_csv(tmp_path / name / "predict.csv")
         assert len(repriced[name]) == 20 and repriced[name]["predicted"].notna().all()
@@ -133,7 +127,7 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
 @pytest.mark.default_target
 def test_wandb_offline_run_is_written_and_read_back(tmp_path):
     run_dir = tmp_path / "run"
-    out = run_cli("logger=wandb", "data.limit=2", "max_new_tokens=6", f"hydra.run.dir={run_dir}")
+    out = run_specexp("logger=wandb", "data.limit=2", "max_new_tokens=6", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     (wandb_dir,) = (run_dir / "wandb").glob("offline-run-*")
@@ -157,7 +151,7 @@ def test_wandb_offline_run_is_written_and_read_back(tmp_path):
 @pytest.mark.parametrize("breakage", [["logger.dir=/dev/null/wandb"], ["logger.mode=no-such-mode"]])
 def test_failing_wandb_keeps_local_results_and_the_job(tmp_path, breakage):
     run_dir = tmp_path / "run"
-    out = run_cli("logger=wandb", *breakage, "data.limit=1", "max_new_tokens=4", f"hydra.run.dir={run_dir}")
+    out = run_specexp("logger=wandb", *breakage, "data.limit=1", "max_new_tokens=4", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "W&B disabled for this run" in out.stdout + out.stderr  # Hydra's job logging prints to stdout
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "ok"
@@ -167,20 +161,20 @@ def test_failing_wandb_keeps_local_results_and_the_job(tmp_path, breakage):
 def test_failing_job_is_isolated_and_rerun_skips_finished_jobs(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "draft.k=0,2", "size=smoke", "data.limit=1", f"hydra.sweep.dir={sweep}"]
-    out = run_cli(*args)
+    out = run_specexp(*args)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "[failed] data.limit=1,draft.k=0" in out.stderr and "[done] data.limit=1,draft.k=2" in out.stdout
     failed, ok = sweep / "data.limit=1,draft.k=0,size=smoke", sweep / "data.limit=1,draft.k=2,size=smoke"  # sorted keys
     assert "draft.k=0 is not allowed" in json.loads((failed / "error.json").read_text())["error"]
     assert not (failed / "summary.json").exists()
     finished = (ok / "summary.json").stat().st_mtime_ns
-    rerun = run_cli(*args)
+    rerun = run_specexp(*args)
     assert rerun.returncode == 0
     assert "[skip] data.limit=1,draft.k=2" in rerun.stdout and "[failed] data.limit=1,draft.k=0" in rerun.stderr
     assert (ok / "summary.json").stat().st_mtime_ns == finished
-    forced = run_cli(*args, "force=true")
+    forced = run_specexp(*args, "force=true")
     assert "[done] data.limit=1,draft.k=2" in forced.stdout and (ok / "summary.json").stat().st_mtime_ns != finished
-    table = run_cli(str(sweep), module="specexp.collect")
+    table = run_module("specexp.collect", str(sweep))
     collected = pd.read_parquet(sweep / "collected.parquet")
     assert table.returncode == 0 and sorted(collected["status"]) == ["failed", "ok"]
 
@@ -202,12 +196,12 @@ def test_sigkilled_job_leaves_no_partial_results_and_rerun_fills_the_gap(tmp_pat
     proc.wait()
     assert (first / "summary.json").exists()
     assert not any((second / name).exists() for name in ("summary.json", "rounds.parquet", "answers.jsonl"))
-    out = run_cli(*args[3:])
+    out = run_specexp(*args[3:])
     assert out.returncode == 0, out.stderr[-3000:]
     assert "[skip] data.limit=2,draft.k=1" in out.stdout and "[done] data.limit=2,draft.k=2" in out.stdout
     assert json.loads((second / "summary.json").read_text())["status"] == "ok"
     assert not (second / ".partial").exists()
-    collected = run_cli(str(sweep), module="specexp.collect")
+    collected = run_module("specexp.collect", str(sweep))
     assert collected.returncode == 0 and "2 jobs" in collected.stdout
     assert OmegaConf.load(second / "config.yaml").draft.k == 2
 
@@ -217,16 +211,16 @@ def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path)
     """experiment=exit_layer_sweep at one K: every exit layer with the untrained and the shipped
     trained head, greedy identical to AR, the trained heads accepting more."""
     sweep = tmp_path / "exit_layer_sweep"
-    out = run_cli("experiment=exit_layer_sweep", "size=smoke", "draft.k=2", "max_new_tokens=16",
-                  f"hydra.sweep.dir={sweep}")
+    out = run_specexp("experiment=exit_layer_sweep", "size=smoke", "draft.k=2", "max_new_tokens=16",
+                      f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert run_cli(str(sweep), module="specexp.collect").returncode == 0
+    assert run_module("specexp.collect", str(sweep)).returncode == 0
     table = pd.read_parquet(sweep / "collected.parquet")
     assert len(table) == 6 and set(table["status"]) == {"ok"} and (table["greedy_match"] == 1.0).all()
     assert sorted(table["cfg.draft.exit_layer"].unique()) == [6, 12, 18]
     alpha = table.groupby("cfg.draft.head")["alpha"].mean()
     assert alpha["trained"] > alpha["untrained"] + 0.05
-    out = run_cli(str(sweep), "--out", str(tmp_path / "figures"), module="specexp.figures")
+    out = run_module("specexp.figures", str(sweep), "--out", str(tmp_path / "figures"))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "figures" / "exit_layer_effect.pdf").exists()
     from specexp import figures, plots
@@ -243,8 +237,8 @@ def test_smoke_tree_sweep_runs_records_depths_and_plots(tmp_path):
     chain and as a 2-branch tree: every job decodes as the target, keeps its per-depth acceptance
     and accepted-length histogram, and the figures command draws tree_budget."""
     sweep = tmp_path / "tree_sweep"
-    out = run_cli("experiment=tree_sweep", "size=smoke", "draft=distilled", "draft.k=2,4", "draft.branches=1,2",
-                  f"hydra.sweep.dir={sweep}")
+    out = run_specexp("experiment=tree_sweep", "size=smoke", "draft=distilled", "draft.k=2,4", "draft.branches=1,2",
+                      f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("[done]") == 4
     for job in sweep.glob("*/summary.json"):
@@ -260,7 +254,7 @@ def test_smoke_tree_sweep_runs_records_depths_and_plots(tmp_path):
             assert (spec["depth"] == spec["proposed"]).all()
         else:  # two root children, then at most two per level
             assert (spec["depth"] <= spec["proposed"]).all() and (spec["depth"] < spec["proposed"]).any()
-    out = run_cli(str(sweep), "--out", str(tmp_path / "figures"), module="specexp.figures")
+    out = run_module("specexp.figures", str(sweep), "--out", str(tmp_path / "figures"))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "figures" / "tree_budget.pdf").exists()
     from specexp import figures

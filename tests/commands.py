@@ -1,0 +1,22 @@
+"""The project's commands as a user runs them: `python -m MODULE ARGS` from the repository root,
+output captured, W&B offline (no run a test starts reaches a server)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OFFLINE_WANDB = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+
+
+def run_module(module: str, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``env``: the command's whole environment (default: this process's, W&B offline)."""
+    env = {**os.environ, **OFFLINE_WANDB} if env is None else env
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def run_specexp(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m specexp OVERRIDES`: a study (or, with -m, a sweep)."""
+    return run_module("specexp", *overrides, timeout=timeout)
