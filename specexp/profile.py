@@ -8,9 +8,10 @@ study's runtime, batch size and sampling:
   - per draft: seconds proposing K = 1..K_max tokens per round (and, for a draft that runs the
     target's pass itself, that pass), from short decodes of the study's first prompt.
 A profile is JSON in the cache, one file per hardware fingerprint, target, dtype, runtime,
-batch size and sampling; draft entries are added as studies with new drafts need them. A study
-without one builds it first (about a minute), with progress. `specexp.cost_model` prices
-rounds with it; `python -m specexp.predict` re-prices a finished sweep under another.
+batch size and sampling; draft entries are added as studies with new drafts need them (jobs
+sharing the cache take turns under a file lock). A study without one builds it first (about a
+minute), with progress. `specexp.cost_model` prices rounds with it; `python -m specexp.predict`
+re-prices a finished sweep under another.
 """
 
 import hashlib
