@@ -16,10 +16,13 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from specexp.intervals import fmt_interval
+
 METRICS = ("alpha", "drafted_acceptance_rate", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
            "verify_cost_ratio", "mean_k", "k_policy", "predicted_speedup", "realized_over_predicted",
            "predicted_speedup_iid", "predicted_tokens_per_round", "profile", "greedy_match", "n_prompts",
            "accepted_per_pass", "nodes_per_pass")
+INTERVAL_METRICS = ("alpha", "tau", "speedup")  # summary.json's METRIC_ci95: [lo, hi]
 SHOWN = ("job", "status", "alpha", "tau", "speedup", "predicted_speedup", "realized_over_predicted", "cost_ratio_c")
 
 
@@ -38,8 +41,15 @@ def job_row(job_dir: Path, root: Path) -> dict:
         row["status"] = summary.get("status", "ok")
         row.update({m: summary.get(m) for m in METRICS})
         row["k_max"] = summary.get("k")  # the K a fixed-K job ran, the most a K policy could choose
+        for metric in INTERVAL_METRICS:  # 95% intervals as two columns each
+            lo, hi = summary.get(f"{metric}_ci95") or (None, None)
+            row[f"{metric}_ci95_lo"], row[f"{metric}_ci95_hi"] = lo, hi
+        row["timing_passes"] = (summary.get("timing") or {}).get("passes")
+        curve_ci = summary.get("acceptance_curve_ci95") or []
         for i, a in enumerate(summary.get("acceptance_curve") or [], start=1):
             row[f"acceptance_pos{i}"] = a
+            lo, hi = (curve_ci[i - 1] if i <= len(curve_ci) else None) or (None, None)
+            row[f"acceptance_pos{i}_ci95_lo"], row[f"acceptance_pos{i}_ci95_hi"] = lo, hi
         for cat, values in (summary.get("per_category") or {}).items():
             row.update({f"{m}.{cat}": v for m, v in values.items()})
         row.update({f"time_split.{k}": v for k, v in (summary.get("time_split") or {}).items()})
@@ -67,13 +77,22 @@ def collect(paths: list[Path]) -> pd.DataFrame:
     return table
 
 
+def cell(row: pd.Series, column: str) -> str:
+    """A table cell: a metric with its 95% interval where the job has one ('1.120 [1.050, 1.190]')."""
+    value = row[column]
+    if column in INTERVAL_METRICS and isinstance(value, float) and value == value:
+        lo, hi = row.get(f"{column}_ci95_lo"), row.get(f"{column}_ci95_hi")
+        return fmt_interval(value, [lo, hi] if pd.notna(lo) and pd.notna(hi) else None)
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 def print_table(table: pd.DataFrame, console: Console | None = None) -> None:
     view = Table(title=f"{len(table)} jobs")
     columns = [c for c in SHOWN if c in table.columns]
     for column in columns:
         view.add_column(column, justify="left" if column in ("job", "status") else "right", overflow="fold")
     for _, row in table.iterrows():
-        view.add_row(*[f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns])
+        view.add_row(*[cell(row, c) for c in columns])
     (console or Console()).print(view)
 
 

@@ -81,7 +81,7 @@ def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: 
     asked = np.minimum(spec_rounds["k_chosen"].to_numpy(), cap).astype(int)
     passes = np.minimum(spec_rounds["k_round"].to_numpy(), cap).astype(int) + 1
     contexts = spec_rounds["context"].to_numpy()
-    draft_s = float(profile.draft_s(draft, asked).sum())
+    draft_s = float(profile.draft_s(draft, asked).sum()) if asked.any() else 0.0  # a draft never asked costs nothing
     target_s = float(sum(profile.pass_s(n, c, draft if a else None) for n, c, a in zip(passes, contexts, asked,
                                                                                         strict=True)))
     overhead_s = profile.overhead_s * len(spec_rounds)
@@ -90,7 +90,8 @@ def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: 
     spec_b, ar_b = batches[batches["mode"] == "spec"], batches[batches["mode"] == "ar"]
     prefill_ar = float(sum(profile.prefill(p) for p in ar_b["prompt_length"]))
     drafting_batches = spec_rounds.loc[spec_rounds["k_chosen"] > 0, "batch"].nunique()  # a draft never asked costs nothing
-    prefill_spec = float(sum(profile.prefill(p) for p in spec_b["prompt_length"])) + profile.reset_s(draft) * drafting_batches
+    prefill_spec = float(sum(profile.prefill(p) for p in spec_b["prompt_length"]))
+    prefill_spec += profile.reset_s(draft) * drafting_batches if drafting_batches else 0.0
     # Tokens after each row's first (which the prompt pass yields), at the rate the model expects.
     spec_round_tokens = float(spec["emitted"].sum())
     spec_s = prefill_spec + spec_round_tokens * (draft_s + target_s + overhead_s) / expected

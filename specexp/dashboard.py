@@ -33,7 +33,8 @@ class Key:
 
 # The runs table's columns, in W&B's "section:name" form: what each run is, then its numbers.
 RUN_COLUMNS = ["run:jobType", "config:draft.k", "config:sampling.temperature", "config:choice.data",
-               "summary:alpha", "summary:tau", "summary:speedup", "summary:realized_over_predicted"]
+               "summary:alpha", "summary:tau", "summary:speedup", "summary:speedup_ci95_lo", "summary:speedup_ci95_hi",
+               "summary:realized_over_predicted"]
 
 
 def per_category_bars(metric: str) -> wr.CustomChart:
@@ -47,8 +48,8 @@ def sections() -> list[ws.Section]:
     grouped = {"groupby_aggfunc": "mean", "groupby_rangefunc": "minmax"}
     return [
         ws.Section(name="Speedup and acceptance", is_open=True, panels=[
-            wr.LinePlot(title="speedup over AR against K", x="k", y=["speedup"], title_x="K", title_y="speedup",
-                        **grouped),
+            wr.LinePlot(title="speedup over AR against K (with its 95% interval's ends)", x="k",
+                        y=["speedup", "speedup_ci95_lo", "speedup_ci95_hi"], title_x="K", title_y="speedup", **grouped),
             wr.LinePlot(title="P(accept position i | earlier accepted)", x="position", y=["acceptance"],
                         title_x="draft position i", title_y="acceptance", **grouped),
             wr.ScatterPlot(title="alpha against draft cost c (the cost/quality plane)",

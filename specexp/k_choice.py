@@ -54,7 +54,13 @@ def build_draft(draft_cfg: DictConfig, target) -> tuple[object, str | None, Dict
     from hydra.utils import instantiate
 
     resolved, policy = resolve_draft_k(draft_cfg)
+    never = policy is None and resolved.get("k") == 0  # draft.k=0: the A/A control with this draft built
+    if never:
+        with open_dict(resolved):
+            resolved.pop("k")  # built at its own default K, then never asked
     drafter = instantiate(resolved)(target)
+    if never:
+        drafter.k = 0
     if policy is not None and getattr(drafter, "branches", 1) > 1 and (policy != "auto" or not grows_trees(drafter)):
         raise UserInputError(f"draft.k={policy} prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
                              f"target_prefix, ngram_lm); this token tree (draft.branches={drafter.branches}) takes a "

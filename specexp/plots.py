@@ -57,6 +57,27 @@ def optimal_k(a: float, c: float, k_max: int = 32) -> int:
     return int(ks[np.argmax(analytical_speedup(a, ks, c))])
 
 
+def interval_errors(rows: pd.DataFrame, metric: str) -> np.ndarray | None:
+    """Error bars [2, n] (below, above) from the jobs' 95% intervals (`METRIC_ci95_lo/hi`, specexp.collect);
+    None when the table has none (jobs written before intervals)."""
+    lo, hi = f"{metric}_ci95_lo", f"{metric}_ci95_hi"
+    if lo not in rows or rows[lo].isna().all():
+        return None
+    value = rows[metric].to_numpy(dtype=float)
+    return np.stack([value - rows[lo].to_numpy(dtype=float), rows[hi].to_numpy(dtype=float) - value]).clip(min=0)
+
+
+def job_errorbars(ax, jobs: pd.DataFrame, x: str, metric: str, palette: dict, label: bool = True, **style) -> bool:
+    """Each job's metric at x with its 95% interval as an error bar, a colour per draft; False if the
+    jobs carry no intervals (nothing drawn)."""
+    if interval_errors(jobs, metric) is None:
+        return False
+    for draft, rows in jobs.sort_values(x).groupby("draft"):
+        ax.errorbar(rows[x], rows[metric], yerr=np.nan_to_num(interval_errors(rows, metric)), color=palette[draft],
+                    label=draft if label else "_", capsize=1.5, elinewidth=0.8, **({"fmt": "o", "markersize": 3} | style))
+    return True
+
+
 def acceptance_curve(positions: pd.DataFrame) -> Figure:
     """P(accept at draft position i | earlier accepted), per draft, 95% CI over prompts."""
     fig, (ax,) = _figure()
@@ -69,16 +90,18 @@ def acceptance_curve(positions: pd.DataFrame) -> Figure:
 
 def speedup_vs_k(jobs: pd.DataFrame, prompts: pd.DataFrame | None = None, model: pd.DataFrame | None = None,
                  model_label: str | None = None) -> Figure:
-    """Measured speedup per K (mean and 95% CI over prompts; the job totals without `prompts`), the
+    """Measured speedup per K with each job's 95% interval (`speedup_ci95`: batches and repeated
+    timings; for tables without it, the mean and 95% CI over `prompts`, else the job totals), the
     calibrated model's curve per draft (`model`: draft, k, speedup; `specexp.cost_model` priced
     with the runs' hardware profile, named by `model_label`), its best K starred, and Leviathan
     et al.'s i.i.d. curve from the measured alpha and c, dashed."""
     fig, (ax,) = _figure()
     fixed = jobs.dropna(subset=["k"])
     palette = draft_palette(jobs["draft"])
-    sns.pointplot(data=fixed if prompts is None else prompts.dropna(subset=["k"]), x="k", y="speedup", hue="draft",
-                  native_scale=True, errorbar=None if prompts is None else ("ci", 95), palette=palette,
-                  linestyle="none", markers="o", markersize=3, err_kws={"linewidth": 1}, ax=ax)
+    if not job_errorbars(ax, fixed, "k", "speedup", palette):
+        sns.pointplot(data=fixed if prompts is None else prompts.dropna(subset=["k"]), x="k", y="speedup", hue="draft",
+                      native_scale=True, errorbar=None if prompts is None else ("ci", 95), palette=palette,
+                      linestyle="none", markers="o", markersize=3, err_kws={"linewidth": 1}, ax=ax)
     k_max = int(fixed["k"].max())
     ks = np.linspace(1, k_max, 200)
     iid_labelled = False
@@ -122,6 +145,7 @@ def tree_budget(jobs: pd.DataFrame) -> Figure:
         ax.set(xlabel="node budget (draft tokens per pass)", ylabel=name, xscale="log", ylim=(0, None))
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xticks(sorted(fixed["k"].unique()))
+    job_errorbars(axes[1], fixed, "k", "speedup", palette, label=False, fmt="none")  # each job's 95% interval
     predicted = fixed.dropna(subset=["predicted_speedup"]) if "predicted_speedup" in fixed else fixed.iloc[:0]
     labelled = False
     for (draft, _), rows in predicted.groupby(["draft", "branches"]):
@@ -172,8 +196,9 @@ def realized_vs_predicted(jobs: pd.DataFrame) -> Figure:
     line = np.array([low, high])
     ax.fill_between(line, line * 0.9, line * 1.1, color="0.9", zorder=0, label="within 10%")
     ax.plot(line, line, color="0.4", linewidth=0.8, linestyle="--", label="realized = predicted")
-    sns.scatterplot(data=priced, x="predicted_speedup", y="speedup", hue="draft", palette=draft_palette(priced["draft"]),
-                    s=18, ax=ax, zorder=3)
+    palette = draft_palette(priced["draft"])
+    sns.scatterplot(data=priced, x="predicted_speedup", y="speedup", hue="draft", palette=palette, s=18, ax=ax, zorder=3)
+    job_errorbars(ax, priced, "predicted_speedup", "speedup", palette, label=False, fmt="none")  # measured 95% intervals
     ax.set(xlabel="predicted speedup (cost model)", ylabel="realized speedup", xlim=(low, high), ylim=(low, high))
     ax.legend(fontsize=5)
     return fig
@@ -195,9 +220,12 @@ def effect_of(jobs: pd.DataFrame, factor: str, label: str) -> Figure:
     draft, averaged over the other factors (with a 95% CI)."""
     fig, axes = _figure(ncols=2, width=2 * COLUMN_WIDTH_IN)
     palette = draft_palette(jobs["draft"])
+    one_job_each = not jobs.duplicated(["draft", factor]).any()  # else the band is a CI over the other factors
     for ax, metric, name in zip(axes, ("alpha", "speedup"), (r"$\alpha$", "speedup over AR"), strict=True):
         sns.lineplot(data=jobs, x=factor, y=metric, hue="draft", marker="o", palette=palette, ax=ax,
-                     legend=metric == "speedup")
+                     legend=metric == "speedup", errorbar=None if one_job_each else ("ci", 95))
+        if one_job_each:  # each job's own 95% interval
+            job_errorbars(ax, jobs.dropna(subset=[metric]), factor, metric, palette, label=False, fmt="none")
         ax.set(xlabel=label, ylabel=name)
     return fig
 
@@ -212,14 +240,22 @@ def distillation_curves(history: pd.DataFrame, hue: str = "objective", style: st
     return fig
 
 
+def interval_text(row: pd.Series, metric: str) -> str:
+    """A job's 95% interval as '[lo, hi]' ('-' without one)."""
+    lo, hi = row.get(f"{metric}_ci95_lo"), row.get(f"{metric}_ci95_hi")
+    return f"[{lo:.3f}, {hi:.3f}]" if pd.notna(lo) and pd.notna(hi) else "-"
+
+
 def headline_table(jobs: pd.DataFrame) -> pd.DataFrame:
-    """Per draft at its best measured K: alpha, tau, c, speedup, predicted speedup, optimal K."""
+    """Per draft at its best measured K: alpha, tau, c, speedup (with its 95% interval), predicted speedup, optimal K.
+    Picking the best of several K favours a lucky timing: read the interval, not the ranking, where they overlap."""
     rows = []
     for draft, group in jobs.groupby("draft"):
         best = group.loc[group["speedup"].idxmax()] if group["speedup"].notna().any() else group.iloc[0]
         a, c = best["alpha"], best["cost_ratio_c"]
         k = best["k_label"] if "k_label" in best else int(best["k"])  # a number, or auto / heuristic
         rows.append({"draft": draft, "K": k, "alpha": a, "tau": best["tau"], "c": c,
-                     "speedup": best["speedup"], "predicted": best["predicted_speedup"],
+                     "speedup": best["speedup"], "speedup 95% CI": interval_text(best, "speedup"),
+                     "predicted": best["predicted_speedup"],
                      "optimal K": optimal_k(a, c) if pd.notna(a) and pd.notna(c) else None})
     return pd.DataFrame(rows).sort_values("speedup", ascending=False, na_position="last")

@@ -6,6 +6,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from specexp.intervals import fmt_interval
+
 
 def fmt(value) -> str:
     """A metric for a line of text: 3 decimals, '-' where there is none (alpha of a run that never drafted)."""
@@ -18,9 +20,14 @@ def fmt(value) -> str:
     return str(value)
 
 
+def with_interval(summary: dict, key: str) -> str:
+    """A headline metric with its 95% interval when the summary has one: '1.120 [1.050, 1.190]'."""
+    return fmt_interval(summary.get(key), summary.get(f"{key}_ci95")) if summary.get(key) is not None else "-"
+
+
 def done_line(label: str, summary: dict) -> str:
-    """A multirun job's one line: alpha, tau and speedup ('-' for alpha when nothing was drafted)."""
-    return f"[done] {label}: " + " ".join(f"{key}={fmt(summary.get(key))}" for key in ("alpha", "tau", "speedup"))
+    """A multirun job's one line: alpha, tau and speedup with their intervals ('-' for alpha when nothing was drafted)."""
+    return f"[done] {label}: " + " ".join(f"{key}={with_interval(summary, key)}" for key in ("alpha", "tau", "speedup"))
 
 
 def markdown_table(table: pd.DataFrame, digits: int = 3) -> str:
@@ -42,7 +49,12 @@ def print_summary(summary: dict, out_dir: Path | None = None, console: Console |
     for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup",
                 "cost_ratio_c", "verify_cost_ratio", "mean_k", "predicted_speedup", "realized_over_predicted",
                 "predicted_speedup_iid", "greedy_match", "n_prompts"):
-        table.add_row(key, fmt(summary.get(key)))
+        scalar_ci = f"{key}_ci95" in summary and not isinstance(summary.get(key), list)
+        value = with_interval(summary, key) if scalar_ci else fmt(summary.get(key))
+        table.add_row(key + (" [95% CI]" if scalar_ci else ""), value)
+    timing = summary.get("timing") or {}
+    if timing:
+        table.add_row("timing passes per batch", str(timing.get("passes")))
     console.print(table)
     if summary.get("per_category"):
         per_cat = Table(title="per category")

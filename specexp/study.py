@@ -5,9 +5,12 @@ decode the same batches in the same process, interleaved batch by batch (their o
 alternating) so that drift in machine speed hits both alike.
 """
 
+import copy
 import hashlib
+import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specexp import cost_model, metrics
+from specexp import cost_model, intervals, metrics, timing
 from specexp.core.engine import GenerationOutput, generate
 from specexp.core.interface import Drafter
 from specexp.core.k_policy import KPolicy
@@ -30,7 +33,10 @@ from specexp.k_choice import build_draft, make_policy
 from specexp.models import LoadedModel
 from specexp.profile import PROFILED_K, Profile, draft_key, ensure_profile, load_profile
 from specexp.runtime import round_rows
+from specexp.timing import TimingSettings
 from specexp.tracking import JobResults
+
+WARMUP_TOKENS = 8  # per arm, on the first batch, before anything is timed
 
 
 @dataclass
@@ -50,6 +56,8 @@ class Study:
     draft_name: str = ""  # the draft's entry in the profile
     k_policy: KPolicy | None = None  # draft.k=auto / heuristic; None: K fixed
     k_setting: str = "fixed"  # fixed, auto or heuristic
+    timing: TimingSettings = field(default_factory=TimingSettings)  # how long the arms are timed
+    clock: Callable[[], float] = time.perf_counter  # what both arms are timed with (tests inject a fake one)
 
 
 def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
@@ -80,7 +88,8 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
                 f"it exceeds the target's context of {context} tokens"
             )
     study = Study(target, drafter, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
-                  cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_name=draft_key(draft_cfg))
+                  cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_name=draft_key(draft_cfg),
+                  timing=TimingSettings(**cfg.timing))
     if getattr(drafter, "greedy_only", False) and not sampling.greedy:
         raise UserInputError(f"draft={type(drafter).__name__} needs greedy decoding; set sampling=greedy "
                              f"(got temperature={sampling.temperature})")
@@ -98,10 +107,11 @@ def study_profile(cfg: DictConfig, study: Study, force: bool = False) -> Profile
     cache, measured first when missing), with an entry for the study's draft."""
     settings = cfg.profile
     if settings.path is not None:
-        return load_profile(settings.path, study.draft_name)
+        return load_profile(settings.path, study.draft_name if study.drafter.k > 0 else None)
     if not settings.enabled:
         return None
-    return ensure_profile(study.target, study.forward, study.runtime, study.drafter, study.draft_name,
+    drafter = study.drafter if study.drafter.k > 0 else None  # a draft never asked needs no entry
+    return ensure_profile(study.target, study.forward, study.runtime, drafter, study.draft_name,
                           study.encoded[0], study.batch_size, study.sampling, study.drafter.k,
                           context_lengths=list(settings.context_lengths), repeats=settings.repeats,
                           new_tokens=settings.new_tokens, force=force)
@@ -149,10 +159,15 @@ def batch_record(out: GenerationOutput, mode: str, batch: int, category: str | N
 
 
 def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_category: bool = True,
-              profile: Profile | None = None, draft: str = "") -> dict:
-    """Headline metrics of one run; each is defined in specexp.metrics or in the comment here."""
+              profile: Profile | None = None, draft: str = "", rng: np.random.Generator | None = None,
+              resamples: int = intervals.RESAMPLES) -> dict:
+    """Headline metrics of one run, each defined in specexp.metrics or in the comment here, with 95%
+    bootstrap intervals (specexp.intervals). ``batches`` holds every timing (repeats included);
+    ``rounds`` what the first pass decoded."""
+    rng = rng if rng is not None else np.random.default_rng(0)
     spec, ar = rounds[rounds["mode"] == "spec"], rounds[rounds["mode"] == "ar"]
     spec_b, ar_b = batches[batches["mode"] == "spec"], batches[batches["mode"] == "ar"]
+    first_pass = batches[batches["repeat"] == 0] if "repeat" in batches else batches  # what the rounds decoded
     per_round = ["batch", "round"]
     spec_rounds = spec.drop_duplicates(per_round)  # round timings, once per batch round
     ar_rounds = ar.drop_duplicates(per_round)
@@ -171,10 +186,18 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
     mean_k = float(k_chosen.mean()) if len(spec_rounds) else float(k)
     curve = metrics.acceptance_curve(depth, accepted, k)
     predicted = {"predicted_speedup": None}
-    if profile is not None and draft in profile.drafts and len(spec) and len(ar):
-        predicted = cost_model.predict_run(spec, ar, batches, k, profile, draft) | {"profile": profile.path}
+    never_drafted = not spec_rounds["k_chosen"].any() if "k_chosen" in spec_rounds else k == 0
+    if profile is not None and (draft in profile.drafts or never_drafted) and len(spec) and len(ar):
+        predicted = cost_model.predict_run(spec, ar, first_pass, k, profile, draft) | {"profile": profile.path}
+    paired = intervals.paired_timings(batches)
     summary = {
         "alpha": a,  # per draft position (a tree's: per depth along the accepted path)
+        # 95% intervals: alpha, tau, the curve by a bootstrap over prompts; speedup over batches and repeats
+        **intervals.acceptance_intervals(spec, k, rng, resamples),
+        "speedup_ci95": intervals.speedup_interval(paired, rng, resamples)["speedup_ci95"],
+        # speedup over the timings in which each arm ran first: apart, an order effect of the arms
+        "speedup_by_first_arm": {first: intervals.paired_speedup(rows) for first, rows in
+                                 paired.groupby("first")} if "first" in paired else None,
         # accepted / proposed draft tokens (a tree's: accepted path / nodes)
         "drafted_acceptance_rate": metrics.drafted_acceptance_rate(spec["proposed"].to_numpy(), accepted),
         "acceptance_curve": curve,  # P(position/depth i accepted | earlier ones accepted), i = 1..k
@@ -200,12 +223,12 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
             "draft": float(spec_rounds["draft_s"].sum()),
             "target": float(spec_rounds["target_s"].sum()),
             "verify": float(spec_rounds["verify_s"].sum()),  # verify + commit + rewind bookkeeping
-            "prefill": float(spec_b["prefill_s"].sum()),
+            "prefill": float(first_pass.loc[first_pass["mode"] == "spec", "prefill_s"].sum()),
         },
         "rounds_spec": int(len(spec_rounds)),
         "rounds_ar": int(len(ar_rounds)),
-        "tokens_spec": int(spec_b["tokens"].sum()),
-        "tokens_ar": int(ar_b["tokens"].sum()),
+        "tokens_spec": int(first_pass.loc[first_pass["mode"] == "spec", "tokens"].sum()),
+        "tokens_ar": int(first_pass.loc[first_pass["mode"] == "ar", "tokens"].sum()),
     }
     categories = sorted(c for c in rounds["category"].dropna().unique())
     if categories:
@@ -239,43 +262,53 @@ def _answer_rows(
 
 
 def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -> dict:
-    """Decode every batch with the AR baseline and the draft; write results as batches finish."""
+    """Decode every batch with the AR baseline and the draft, then time the same work again until
+    the speedup's interval is narrow enough (specexp.timing); write results as batches finish."""
     target, drafter = study.target, study.drafter
     eos, pad = target.eos_token_ids, target.pad_token_id
 
-    def decode(indices: list[int], with_draft: bool, seed: int, max_new: int, timed: bool = True) -> GenerationOutput:
+    def decode(indices: list[int], with_draft: bool, seed: int, max_new: int, policy: KPolicy | None) -> GenerationOutput:
         generator = torch.Generator(device=target.model.device).manual_seed(seed)
         return generate(study.forward, [study.encoded[i] for i in indices], drafter if with_draft else None,
-                        study.sampling, max_new, eos, generator, pad,
-                        k_policy=study.k_policy if with_draft and timed else None)
+                        study.sampling, max_new, eos, generator, pad, clock=study.clock,
+                        k_policy=policy if with_draft else None)
 
-    if warmup:  # first calls allocate and pick kernels; keep them out of the timings (and the policy's counts)
-        decode([0], False, study.seed, 4, timed=False)
-        decode([0], True, study.seed, 4, timed=False)
+    def time_batch(n: int, indices: list[int], repeat: int, policy: KPolicy | None) -> dict[bool, GenerationOutput]:
+        """Both arms of batch n, in the order the batch and pass give (so each arm goes first as often)."""
+        spec_first = (n + repeat) % 2 == 1
+        order = (True, False) if spec_first else (False, True)
+        return {with_draft: decode(indices, with_draft, study.seed + n, study.max_new_tokens, policy)
+                for with_draft in order}
 
     batches = make_batches(study.prompts, study.batch_size, study.batch_by_category)
-    rounds, batch_records, all_answers = [], [], []
+    if warmup:  # first calls allocate and pick kernels: on the first batch's own shapes, in both arms, untimed
+        for with_draft in (False, True):
+            decode(batches[0], with_draft, study.seed, min(study.max_new_tokens, WARMUP_TOKENS),
+                   copy.deepcopy(study.k_policy))  # a copy: the policy's counts start with the study
+
+    rounds, batch_records, all_answers, policies = [], [], [], []
+    started = time.perf_counter()
     progress = tqdm(batches, desc="prompts", unit="batch", dynamic_ncols=True)
-    for n, indices in enumerate(progress):
-        seed = study.seed + n  # per batch, so any batch can be reproduced alone
-        order = (False, True) if n % 2 == 0 else (True, False)
-        outs = {with_draft: decode(indices, with_draft, seed, study.max_new_tokens) for with_draft in order}
+    for n, indices in enumerate(progress):  # the first pass: what is decoded, and its timings
+        policies.append(copy.deepcopy(study.k_policy))  # the state later passes repeat this batch from
+        outs = time_batch(n, indices, 0, study.k_policy)
         spec, ar = outs[True], outs[False]
         batch_prompts = [study.prompts[i] for i in indices]
-        category = batch_prompts[0].category
         rounds += [round_table(spec, batch_prompts, "spec", n, drafter.k), round_table(ar, batch_prompts, "ar", n, 0)]
-        prompt_length = max(len(study.encoded[i]) for i in indices)
-        batch_records += [batch_record(spec, "spec", n, category, prompt_length),
-                          batch_record(ar, "ar", n, category, prompt_length)]
+        batch_records += batch_records_of(outs, n, 0, batch_prompts[0].category,
+                                          max(len(study.encoded[i]) for i in indices))
         answers = _answer_rows(study.prompts, indices, spec, ar, target.tokenizer)
         all_answers += answers
         results.add_answers(answers)
         progress.set_postfix(spec_tok_s=f"{batch_records[-2]['tokens'] / spec.total_s:.1f}",
                              ar_tok_s=f"{batch_records[-1]['tokens'] / ar.total_s:.1f}")
+    batch_records, timing = time_again(study, batches, batch_records, policies, time_batch, time.perf_counter() - started)
 
     rounds_df = pd.concat(rounds, ignore_index=True)
     batches_df = pd.DataFrame(batch_records)
-    summary = summarize(rounds_df, batches_df, drafter.k, study.batch_by_category, study.profile, study.draft_name)
+    summary = summarize(rounds_df, batches_df, drafter.k, study.batch_by_category, study.profile, study.draft_name,
+                        rng=np.random.default_rng(study.seed), resamples=study.timing.resamples)
+    summary["timing"] = timing
     summary["k_policy"] = study.k_setting
     summary["draft_profile"] = study.draft_name  # the draft's entry in the profile (profile.json)
     # greedy_match: fraction of prompts whose speculative tokens equal the AR baseline's.
@@ -288,6 +321,38 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     results.finish(summary, rounds_df, batches_df, study.profile.record() if study.profile is not None else None)
     tracker.log_run(summary, rounds_df, all_answers)
     return summary
+
+
+def batch_records_of(outs: dict[bool, GenerationOutput], n: int, repeat: int, category: str | None,
+                     prompt_length: int) -> list[dict]:
+    """batches.parquet's rows of one timing of batch n: one per arm, saying which arm ran first."""
+    first = "spec" if next(iter(outs)) else "ar"
+    return [batch_record(outs[with_draft], "spec" if with_draft else "ar", n, category, prompt_length) |
+            {"repeat": repeat, "first": first} for with_draft in (True, False)]
+
+
+def time_again(study: Study, batches: list[list[int]], records: list[dict], policies: list, time_batch,
+               first_pass_s: float) -> tuple[list[dict], dict]:
+    """Passes after the first (timings only, the same work) until `timing` says stop; returns every
+    timing record and what the timing did (summary.json's `timing`)."""
+    settings, passes, extra_s, last_pass_s = study.timing, 1, 0.0, first_pass_s
+    rng = np.random.default_rng(study.seed)
+    while True:
+        interval = intervals.speedup_interval(intervals.paired_timings(pd.DataFrame(records)), rng, settings.resamples)
+        if (reason := timing.stop_reason(settings, passes, interval, extra_s, last_pass_s)) is not None:
+            break
+        started = time.perf_counter()
+        for n, indices in enumerate(tqdm(batches, desc=f"timing pass {passes + 1}", unit="batch", dynamic_ncols=True)):
+            outs = time_batch(n, indices, passes, copy.deepcopy(policies[n]))
+            records += batch_records_of(outs, n, passes, study.prompts[indices[0]].category,
+                                        max(len(study.encoded[i]) for i in indices))
+        last_pass_s = time.perf_counter() - started
+        extra_s += last_pass_s if passes >= settings.repeats else 0.0
+        passes += 1
+    if (message := timing.stop_message(reason, settings, passes, interval)) is not None:
+        print(f"[timing] {message}", file=sys.stderr)
+    return records, {"passes": passes, "target_halfwidth": settings.target_halfwidth, "stopped": reason,
+                     "extra_s": extra_s, **{k: v for k, v in interval.items() if k != "speedup_ci95"}}
 
 
 def config_hash(cfg: DictConfig) -> str:

@@ -106,6 +106,15 @@ def wandb_mode(mode: str) -> str:
 HEADLINE_KEYS = ("speedup", "alpha", "tau", "cost_ratio_c", "predicted_speedup", "realized_over_predicted")
 
 
+def interval_keys(summary: dict) -> dict:
+    """The headline numbers' 95% intervals as scalar keys W&B can chart: `speedup_ci95_lo`, `_hi`, ..."""
+    keys = {}
+    for key in HEADLINE_KEYS:
+        if summary.get(f"{key}_ci95"):
+            keys[f"{key}_ci95_lo"], keys[f"{key}_ci95_hi"] = summary[f"{key}_ci95"]
+    return keys
+
+
 class WandbTracker:
     """logger=wandb. Every call is failure-safe: W&B trouble is a warning, never a lost or failed job."""
 
@@ -136,9 +145,12 @@ class WandbTracker:
         try:
             wandb = self.wandb
             self.run.summary.update({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
+            self.run.summary.update(interval_keys(summary))
             self.run.summary["time_split"] = summary.get("time_split")
-            curve = wandb.Table(columns=["position", "acceptance"],
-                                data=[[i + 1, a] for i, a in enumerate(summary["acceptance_curve"]) if a is not None])
+            curve_ci = summary.get("acceptance_curve_ci95") or [None] * len(summary["acceptance_curve"])
+            curve = wandb.Table(columns=["position", "acceptance", "acceptance_ci95_lo", "acceptance_ci95_hi"],
+                                data=[[i + 1, a, *(ci or (None, None))] for i, (a, ci) in
+                                      enumerate(zip(summary["acceptance_curve"], curve_ci, strict=False)) if a is not None])
             lengths = wandb.Table(columns=["accepted", "rounds"],
                                   data=[[n, count] for n, count in enumerate(summary.get("accepted_length_histogram", []))])
             per_category = wandb.Table(columns=["category", "alpha", "tau", "speedup"], data=[
@@ -147,9 +159,11 @@ class WandbTracker:
             texts = [[a["prompt_id"], a["category"], a["spec_text"], a["ar_text"], a["identical"]] for a in answers]
             # History rows that let panels draw lines across runs (specexp.dashboard): one with the
             # headline numbers at x = k, then one per draft position at x = position.
-            self.run.log({"k": summary["k"], **{key: summary[key] for key in HEADLINE_KEYS if summary.get(key) is not None}})
-            for position, acceptance in curve.data:
-                self.run.log({"position": position, "acceptance": acceptance})
+            self.run.log({"k": summary["k"], **{key: summary[key] for key in HEADLINE_KEYS if summary.get(key) is not None},
+                          **interval_keys(summary)})
+            for position, acceptance, lo, hi in curve.data:
+                self.run.log({"position": position, "acceptance": acceptance,
+                              **({"acceptance_ci95_lo": lo, "acceptance_ci95_hi": hi} if lo is not None else {})})
             self.run.log({
                 "acceptance_curve": curve,
                 "acceptance_curve_plot": wandb.plot.line(curve, "position", "acceptance",

@@ -1,6 +1,7 @@
 """`python -m specexp`: config composition, one-line errors, and the default study end to end."""
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -55,7 +56,8 @@ def prompt_files(tmp_path_factory) -> dict[str, Path]:
 
 BAD_INPUTS = {
     "unknown_draft": (["draft=ngram_typo"], "unknown draft 'ngram_typo'; allowed: "),
-    "k_below_1": (["draft.k=0"], "draft.k=0 is not allowed"),
+    "k_below_0": (["draft.k=-1"], "draft.k=-1 is not allowed"),
+    "k_for_no_draft": (["draft=none", "draft.k=2"], "draft.k=2 is not allowed for draft=none"),
     "missing_model_path": (["draft=small_lm", "draft.model=/no/such/model"], "model path '/no/such/model' does not exist"),
     "vocab_mismatch": (["draft=small_lm", "draft.model={tiny}"], "vocab mismatch"),
     "empty_prompt_set": (["data=hf", "data.name_or_path={empty}"], "is empty"),
@@ -109,6 +111,14 @@ def test_default_study_end_to_end(tmp_path):
     assert len(answers) == 2 and all(a["spec_tokens"] == a["ar_tokens"] and a["spec_text"] for a in answers)
     assert all(len(a["ar_tokens"]) <= 12 for a in answers)
     assert (run_dir / "config.yaml").exists() and "speedup" in out.stdout
+    # Intervals on every headline number, printed and kept; the default timing passes (timing.*) ran.
+    assert summary["speedup_ci95"][0] <= summary["speedup"] <= summary["speedup_ci95"][1]
+    assert summary["tau_ci95"][0] <= summary["tau"] <= summary["tau_ci95"][1]
+    assert len(summary["acceptance_curve_ci95"]) == 8 and "alpha_ci95" in summary
+    assert summary["timing"]["passes"] >= 1 and summary["timing"]["target_halfwidth"] == 0.03
+    assert re.search(r"speedup \[95% CI\].*\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", out.stdout)
+    batches = pd.read_parquet(run_dir / "batches.parquet")
+    assert len(batches) == 2 * 2 * summary["timing"]["passes"] and set(batches["first"]) == {"ar", "spec"}
 
 
 @pytest.mark.default_target
@@ -134,3 +144,6 @@ def test_a_job_that_never_drafted_reports_its_line():
 
     line = done_line("draft.k=auto", {"alpha": None, "tau": 1.0, "speedup": 1.015})
     assert line == "[done] draft.k=auto: alpha=- tau=1.000 speedup=1.015"
+    line = done_line("draft.k=2", {"alpha": 0.5, "alpha_ci95": [0.4, 0.6], "tau": 1.0, "speedup": 1.015,
+                                   "speedup_ci95": [0.98, 1.05]})
+    assert line == "[done] draft.k=2: alpha=0.500 [0.400, 0.600] tau=1.000 speedup=1.015 [0.980, 1.050]"

@@ -160,17 +160,17 @@ def test_failing_wandb_keeps_local_results_and_the_job(tmp_path, breakage):
 @pytest.mark.default_target
 def test_failing_job_is_isolated_and_rerun_skips_finished_jobs(tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", "draft.k=0,2", "size=smoke", "data.limit=1", f"hydra.sweep.dir={sweep}"]
+    args = ["-m", "draft.k=-1,2", "size=smoke", "data.limit=1", f"hydra.sweep.dir={sweep}"]
     out = run_specexp(*args)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "[failed] data.limit=1,draft.k=0" in out.stderr and "[done] data.limit=1,draft.k=2" in out.stdout
-    failed, ok = sweep / "data.limit=1,draft.k=0,size=smoke", sweep / "data.limit=1,draft.k=2,size=smoke"  # sorted keys
-    assert "draft.k=0 is not allowed" in json.loads((failed / "error.json").read_text())["error"]
+    assert "[failed] data.limit=1,draft.k=-1" in out.stderr and "[done] data.limit=1,draft.k=2" in out.stdout
+    failed, ok = sweep / "data.limit=1,draft.k=-1,size=smoke", sweep / "data.limit=1,draft.k=2,size=smoke"  # sorted keys
+    assert "draft.k=-1 is not allowed" in json.loads((failed / "error.json").read_text())["error"]
     assert not (failed / "summary.json").exists()
     finished = (ok / "summary.json").stat().st_mtime_ns
     rerun = run_specexp(*args)
     assert rerun.returncode == 0
-    assert "[skip] data.limit=1,draft.k=2" in rerun.stdout and "[failed] data.limit=1,draft.k=0" in rerun.stderr
+    assert "[skip] data.limit=1,draft.k=2" in rerun.stdout and "[failed] data.limit=1,draft.k=-1" in rerun.stderr
     assert (ok / "summary.json").stat().st_mtime_ns == finished
     forced = run_specexp(*args, "force=true")
     assert "[done] data.limit=1,draft.k=2" in forced.stdout and (ok / "summary.json").stat().st_mtime_ns != finished

@@ -17,7 +17,7 @@ def committed_tokens(ctx: Context, already_seen: list[int]) -> list[list[int]]:
 
 def check_k(k: int) -> None:
     if k < 1:
-        raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1")
+        raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1 (or 0: never propose, the A/A control)")
 
 
 def check_min_confidence(min_confidence: float) -> None:
