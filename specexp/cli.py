@@ -8,7 +8,31 @@ from omegaconf import DictConfig, OmegaConf
 
 from specexp.errors import UserInputError
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+def find_config_dir() -> str:
+    """The Hydra configs: the top-level conf/ of a source checkout (and an editable install), or the
+    copy a wheel or non-editable install carries inside the package (setup.py's build_py)."""
+    packaged = Path(__file__).resolve().parent / "conf"
+    return str(packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "conf")
+
+
+CONFIG_DIR = find_config_dir()
+
+
+def user_config_dirs(args: list[str]) -> list[str]:
+    """Config folders a user adds on the command line, the Hydra way: ``--config-dir DIR`` / ``-cd DIR``
+    and ``hydra.searchpath=[file://DIR, ...]`` (their groups are searched too)."""
+    dirs = []
+    for i, arg in enumerate(args):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(args):
+            dirs.append(args[i + 1])
+        elif arg.startswith("--config-dir="):
+            dirs.append(arg.partition("=")[2])
+        elif arg.lstrip("+").startswith("hydra.searchpath="):
+            entries = arg.partition("=")[2].strip("[]").split(",")
+            paths = [e.strip().strip("'\"") for e in entries]
+            dirs += [p.removeprefix("file://") for p in paths if p.startswith(("file://", "/", "."))]
+    return dirs
 
 
 def user_error(exc: BaseException) -> UserInputError | None:
@@ -36,12 +60,13 @@ def unknown_choice(args: list[str], config_dir: str = CONFIG_DIR) -> str | None:
     Hydra reports the same thing over a dozen lines; this names the bad value and the
     allowed ones. Sweep expressions (``choice(...)``, ``range(...)``) are left to Hydra.
     """
+    roots = [config_dir, *user_config_dirs(args)]
     for arg in args:
         group, sep, value = arg.partition("=")
-        group_dir = Path(config_dir) / group.lstrip("+")
-        if not sep or "(" in value or not group_dir.is_dir():
+        group_dirs = [Path(root) / group.lstrip("+") for root in roots]
+        if not sep or "(" in value or not any(d.is_dir() for d in group_dirs):
             continue
-        allowed = sorted(f.stem for f in group_dir.glob("*.yaml"))
+        allowed = sorted({f.stem for d in group_dirs for f in d.glob("*.yaml")})
         for option in value.split(","):
             if option not in allowed:
                 return f"unknown {group.lstrip('+')} '{option}'; allowed: {', '.join(allowed)}"

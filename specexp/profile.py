@@ -361,15 +361,26 @@ def describe(profile: Profile) -> str:
     return "\n".join(lines)
 
 
+USAGE = """usage: python -m specexp.profile [--out FILE] [OVERRIDES ...]
+
+Measure (force=true: again) and print this machine's hardware profile for a study's setting: the
+same Hydra config groups and overrides as `python -m specexp` (target=, runtime=, batch_size=,
+sampling=, ...); draft=a,b,... profiles several drafts. The profile is cached in
+~/.cache/specexp/profiles; --out FILE also writes it there (for profile.path= on another machine)."""
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m specexp.profile [--out FILE] [overrides]`: measure (force=true: again) and print
-    this machine's profile for a study's setting; draft=a,b,... profiles several drafts."""
+    """`python -m specexp.profile [--out FILE] [overrides]` (USAGE)."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
 
     from specexp.cli import CONFIG_DIR, unknown_choice, user_error
     from specexp.study import prepare
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(args):
+        print(USAGE)
+        return
     out = None
     if "--out" in args:
         i = args.index("--out")
@@ -383,8 +394,12 @@ def main(argv: list[str] | None = None) -> None:
     drafts = next((a.partition("=")[2].split(",") for a in args if a.startswith("draft=")), [None])
     for draft in drafts:
         overrides = [a for a in args if not a.startswith("draft=")] + ([f"draft={draft}"] if draft else [])
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
+        try:
+            with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+                cfg = compose("config", overrides=overrides)
+        except HydraException as error:  # a malformed override or an unknown key: one line, not a traceback
+            print(f"error: {str(error).splitlines()[0]} (python -m specexp.profile --help)", file=sys.stderr)
+            sys.exit(2)
         try:
             profile = prepare(cfg, force_profile=cfg.force).profile
             if profile is None:
