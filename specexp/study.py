@@ -281,10 +281,9 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
                 for with_draft in order}
 
     batches = make_batches(study.prompts, study.batch_size, study.batch_by_category)
-    if warmup:  # first calls allocate and pick kernels: on the first batch's own shapes, in both arms, untimed
-        for with_draft in (False, True):
-            decode(batches[0], with_draft, study.seed, min(study.max_new_tokens, WARMUP_TOKENS),
-                   copy.deepcopy(study.k_policy))  # a copy: the policy's counts start with the study
+    if warmup:  # first calls allocate and pick kernels: on the first batch's own shapes, both arms, untimed;
+        for with_draft in (False, True):  # without the policy (the draft proposes its most; the policy's counts start clean)
+            decode(batches[0], with_draft, study.seed, min(study.max_new_tokens, WARMUP_TOKENS), None)
 
     rounds, batch_records, all_answers, policies = [], [], [], []
     started = time.perf_counter()

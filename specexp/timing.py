@@ -10,7 +10,8 @@ as the first, so identical work is timed again.
 from dataclasses import dataclass
 
 # The spread between batches is estimated from 3 passes on; it stops the passes only when it is
-# clearly (this many times) wider than the target, since the estimate is itself noisy.
+# clearly (this many times) wider than the target and wider than the timing noise, since the
+# estimate is itself noisy (one disturbed pass inflates it).
 BETWEEN_MARGIN = 1.5
 
 
@@ -46,8 +47,8 @@ def stop_reason(settings: TimingSettings, passes: int, interval: dict, extra_s: 
         return "repeats"
     if halfwidth is not None and halfwidth <= settings.target_halfwidth:
         return "reached"
-    between = interval.get("between_batch_halfwidth")
-    if passes >= 3 and between is not None and between > BETWEEN_MARGIN * settings.target_halfwidth:
+    between, noise = interval.get("between_batch_halfwidth"), interval.get("noise_halfwidth")
+    if passes >= 3 and between is not None and between > max(BETWEEN_MARGIN * settings.target_halfwidth, noise or 0.0):
         return "between_batches"  # the batches differ by more than the target: more prompts would help, repeats not
     if passes >= settings.max_repeats:
         return "max_repeats"

@@ -61,9 +61,12 @@ def test_the_logged_history_draws_speedup_against_k_and_the_acceptance_curve(log
     (headline,) = [row for row in logged_run["history"] if "k" in row]
     assert headline["k"] == 8 and headline["speedup"] == pytest.approx(summary["speedup"])
     curve = [(row["position"], row["acceptance"]) for row in logged_run["history"] if "position" in row]
-    expected = [tuple(row) for row in logged_run["tables"]["acceptance_curve"]["data"]]
+    expected = [tuple(row[:2]) for row in logged_run["tables"]["acceptance_curve"]["data"]]  # position, acceptance
     assert curve and [p for p, _ in curve] == [p for p, _ in expected]
     assert [a for _, a in curve] == pytest.approx([a for _, a in expected])
+    ci = [(row["acceptance_ci95_lo"], row["acceptance_ci95_hi"]) for row in logged_run["history"] if "position" in row]
+    assert all(lo <= a <= hi for (lo, hi), (_, a) in zip(ci, curve, strict=True))  # each position's 95% interval
+    assert headline["speedup_ci95_lo"] <= headline["speedup"] <= headline["speedup_ci95_hi"]
     assert logged_run["config"]["choice"] == {"draft": "prompt_lookup", "data": "mt_bench", "sampling": "greedy",
                                               "target": "default"}
 
@@ -72,7 +75,8 @@ def test_the_workspace_has_the_panels_the_issue_names():
     workspace = build_workspace("proj", "ent", group="k_sweep")
     panels = {(type(p).__name__, getattr(p, "title", None) or p.chart_strings.get("title"))
               for s in workspace.sections for p in s.panels}
-    assert panels == {("LinePlot", "speedup over AR against K"), ("LinePlot", "P(accept position i | earlier accepted)"),
+    assert panels == {("LinePlot", "speedup over AR against K (with its 95% interval's ends)"),
+                      ("LinePlot", "P(accept position i | earlier accepted)"),
                       ("ScatterPlot", "alpha against draft cost c (the cost/quality plane)"),
                       ("CustomChart", "speedup per category"), ("CustomChart", "tau per category")}
     assert [g.name for g in workspace.runset_settings.groupby] == ["Group", "JobType"]

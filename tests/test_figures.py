@@ -191,3 +191,26 @@ def test_tree_budget_draws_tau_and_speedup_per_branching_with_the_models_predict
     assert len(predicted) == 4 and "cost model (each job)" in legend_labels(speed_ax)
     np.testing.assert_allclose(sorted(np.concatenate([line.get_ydata() for line in predicted])),
                                sorted(jobs["predicted_speedup"]))
+
+
+def test_jobs_with_intervals_get_error_bars_and_the_headline_says_them(synthetic):
+    """Tables from studies with intervals (speedup_ci95_lo/hi): speedup_vs_k draws each job's own
+    interval as an error bar (not a CI over prompts), and so do realized_vs_predicted and the
+    headline table."""
+    from matplotlib.container import ErrorbarContainer
+
+    jobs, prompts, _, _ = synthetic
+    jobs = jobs[jobs["temperature"] == 0.0].assign(speedup_ci95_lo=lambda t: t["speedup"] - 0.05,
+                                                  speedup_ci95_hi=lambda t: t["speedup"] + 0.1)
+    ax = plots.speedup_vs_k(jobs, prompts).axes[0]
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2  # one per draft
+    segments = np.concatenate([bar.lines[2][0].get_segments() for bar in bars])  # [jobs, 2 ends, (x, y)]
+    assert sorted(np.round(segments[:, 1, 1] - segments[:, 0, 1], 6)) == [0.15] * len(jobs)  # lo to hi
+    ax = plots.realized_vs_predicted(jobs).axes[0]
+    assert any(isinstance(c, ErrorbarContainer) for c in ax.containers)
+    table = plots.headline_table(jobs).set_index("draft")
+    best = jobs.loc[jobs.groupby("draft")["speedup"].idxmax()].set_index("draft")
+    for draft in DRAFTS:
+        lo, hi = best.loc[draft, "speedup_ci95_lo"], best.loc[draft, "speedup_ci95_hi"]
+        assert table.loc[draft, "speedup 95% CI"] == f"[{lo:.3f}, {hi:.3f}]"

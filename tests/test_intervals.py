@@ -110,7 +110,8 @@ def test_stop_reasons():
     assert timing.stop_reason(settings, 2, wide, 0, 10) is None
     assert timing.stop_reason(settings, 2, wide | {"speedup_halfwidth": 0.02}, 0, 10) == "reached"
     assert timing.stop_reason(settings, 2, wide | {"between_batch_halfwidth": 0.05}, 0, 10) is None  # estimated from 3 on
-    assert timing.stop_reason(settings, 3, wide | {"between_batch_halfwidth": 0.05}, 0, 10) == "between_batches"
+    assert timing.stop_reason(settings, 3, wide | {"between_batch_halfwidth": 0.05}, 0, 10) is None  # noise is wider
+    assert timing.stop_reason(settings, 3, wide | {"between_batch_halfwidth": 0.075}, 0, 10) == "between_batches"
     assert timing.stop_reason(settings, 4, wide, 0, 10) == "max_repeats"
     assert timing.stop_reason(settings, 3, wide, 95, 10) == "budget"
     message = timing.stop_message("budget", settings, 3, wide)

@@ -118,7 +118,7 @@ def tiny(tmp_path_factory):
 
 # Per draft option: a value that cannot be met, and what the one-line error must say.
 BAD_DRAFT_OPTIONS = [
-    ("prompt_lookup", {"k": 0}, "draft.k=0 is not allowed"),
+    ("prompt_lookup", {"k": -1}, "draft.k=-1 is not allowed"),
     ("prompt_lookup", {"min_n": 4}, "min_n=4, max_n=3"),
     ("prompt_lookup", {"choice": "best"}, "draft.choice='best' is unknown; allowed: "),
     ("prompt_lookup", {"max_tokens_after_match": [1, 2, 3, 4]}, "draft.max_tokens_after_match=[1, 2, 3, 4] is not allowed"),

@@ -45,7 +45,7 @@ class EagleDrafter:
         self.n_drafted = 0  # entries the last propose drafted (update drops them)
 
     def reset(self, ctx: Context) -> None:
-        self.kv = StaticRaggedKV.for_model(self.forward, ctx.tokens.shape[0], ctx.tokens.shape[1], ctx.tokens.device)
+        self.kv = None  # made at the batch's first proposal (as the small-LM draft's): a batch never asked holds none
         self.filled = False
 
     def _run(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,6 +63,7 @@ class EagleDrafter:
         B, device = ctx.tokens.shape[0], ctx.tokens.device
         pairs = ctx.lengths - 1 - ctx.start  # [B]: (features at s, token at s+1) for s in start..lengths-2
         if not self.filled:  # the first proposal of a batch: every row's pairs, left-padded to one start
+            self.kv = StaticRaggedKV.for_model(self.forward, B, ctx.tokens.shape[1], device)
             self.filled = True
             first = int(ctx.start.min())
             T = int(ctx.lengths.max()) - 1 - first
@@ -129,6 +130,7 @@ class EagleDrafter:
         n_proposed = torch.full((B,), tree.tokens.shape[1], dtype=torch.long, device=device)
         return Proposal(tokens=tree.tokens, probs=tree.probs, n_proposed=n_proposed, parents=tree.parents)
 
+    @torch.inference_mode()  # the cache is made (an inference tensor) at the first proposal
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         # Drafted entries read the head's own features: the accepted tokens return next round with the target's.
         self.kv.drop_last(torch.full_like(n_accepted, self.n_drafted))
