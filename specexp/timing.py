@@ -9,6 +9,8 @@ as the first, so identical work is timed again.
 
 from dataclasses import dataclass
 
+from specexp.errors import UserInputError
+
 # The spread between batches is estimated from 3 passes on; it stops the passes only when it is
 # clearly (this many times) wider than the target and wider than the timing noise, since the
 # estimate is itself noisy (one disturbed pass inflates it).
@@ -25,8 +27,6 @@ class TimingSettings:
     resamples: int = 2000  # bootstrap resamples per interval
 
     def __post_init__(self):
-        from specexp.errors import UserInputError
-
         if self.repeats < 1 or self.max_repeats < self.repeats:
             raise UserInputError(f"timing.repeats={self.repeats}, timing.max_repeats={self.max_repeats} are not allowed; "
                                  "give 1 <= repeats <= max_repeats")
