@@ -13,6 +13,7 @@ are reproducible from its seed.
 import numpy as np
 import pandas as pd
 
+from specexp import metrics
 from specexp.core.k_policy import position_counts
 
 CONFIDENCE = 0.95
@@ -48,7 +49,7 @@ def prompt_sums(spec_rounds: pd.DataFrame, k: int) -> dict[str, np.ndarray]:
     accepted = spec_rounds["accepted"].to_numpy()
     codes, _ = pd.factorize(spec_rounds["prompt_id"])
     P = codes.max() + 1 if len(codes) else 0
-    looked_at = np.minimum(accepted + 1, depth)  # the rule looks at the accepted prefix and the first rejection
+    looked_at = metrics.looked_at(depth, accepted)
     reached, took = position_counts(depth, accepted, np.ones(len(depth), dtype=bool), k)  # [N, k] each
 
     def per_prompt(values: np.ndarray) -> np.ndarray:

@@ -33,8 +33,13 @@ def alpha(proposed: np.ndarray, accepted: np.ndarray) -> float | None:
     the maximum-likelihood per-token acceptance probability of Leviathan et al.'s i.i.d.
     model, the alpha their speedup formula takes.
     """
-    looked_at = np.minimum(accepted + 1, proposed).sum()
-    return float(accepted.sum() / looked_at) if looked_at else None
+    looked = looked_at(proposed, accepted).sum()
+    return float(accepted.sum() / looked) if looked else None
+
+
+def looked_at(proposed: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+    """Draft tokens the rule looked at per round: the accepted prefix and the first rejected one."""
+    return np.minimum(accepted + 1, proposed)
 
 
 def positions(rounds) -> np.ndarray:
