@@ -128,8 +128,9 @@ def study_draft(target: LoadedModel, forward, runtime_record: dict, name: str, p
         cfg = compose(config_name="config", overrides=[f"draft={name}", *overrides])
     draft_cfg, policy_name = resolve_draft_k(cfg.draft)
     drafter = instantiate(draft_cfg)(target)
-    instantiate(cfg.runtime).prepare(target, drafter, round_rows(1, max(drafter.k, PROFILED_K)))  # as a study does
+    k_max = drafter.traits.k_max
+    instantiate(cfg.runtime).prepare(target, drafter, round_rows(1, max(k_max, PROFILED_K)))  # as a study does
     key = draft_key(draft_cfg)
-    profile = ensure_profile(target, forward, runtime_record, drafter, key, prompt, 1, sampling, drafter.k,
+    profile = ensure_profile(target, forward, runtime_record, drafter, key, prompt, 1, sampling, k_max,
                              list(cfg.profile.context_lengths), cfg.profile.repeats, cfg.profile.new_tokens)
-    return drafter, drafter.k, make_policy(policy_name, profile, key, drafter), key, profile
+    return drafter, k_max, make_policy(policy_name, profile, key, drafter), key, profile

@@ -78,7 +78,7 @@ def engine_round(drafter: SmallLMDrafter):
     greedy, none = SamplingConfig(), torch.zeros(1, dtype=torch.long)
 
     def round_():
-        proposal = drafter.propose(ctx, greedy, None)
+        proposal = drafter.propose(ctx, drafter.traits.k_max, greedy, None)
         drafter.update(ctx, proposal, none)
         drafter.kv.drop_last(torch.ones(1, dtype=torch.long))  # back to the same cached prefix
     return round_

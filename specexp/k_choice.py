@@ -3,14 +3,14 @@ dynamic tree's node budget, `core/tree_policy.TreeK`) or `heuristic` (HF's
 num_assistant_tokens_schedule, `core/k_policy.HeuristicK`), wired to a study."""
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 from omegaconf import DictConfig, open_dict
 
-from specexp.core.interface import SharesTargetPass
+from specexp.core.interface import Drafter
 from specexp.core.k_policy import HeuristicK, KPolicy, ModelK
 from specexp.core.tree_policy import TreeK
-from specexp.drafts.dynamic_tree import grows_trees
 from specexp.errors import UserInputError
 from specexp.profile import Profile
 
@@ -48,9 +48,16 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
     return draft_cfg, k
 
 
-def build_draft(draft_cfg: DictConfig, target) -> tuple[object, str | None, DictConfig]:
-    """The drafter a draft config makes for this target, as a study builds it: (drafter, its K
-    policy's name or None, the config it was built from)."""
+@dataclass
+class BuiltDraft:
+    drafter: Drafter
+    policy: str | None  # the K policy's name; None: K fixed
+    config: DictConfig  # the config it was built from
+    k_max: int  # most draft tokens a round asks: its traits.k_max, or 0 for draft.k=0 (never asked)
+
+
+def build_draft(draft_cfg: DictConfig, target) -> BuiltDraft:
+    """The drafter a draft config makes for this target, as a study builds it."""
     from hydra.utils import instantiate
 
     resolved, policy = resolve_draft_k(draft_cfg)
@@ -59,13 +66,12 @@ def build_draft(draft_cfg: DictConfig, target) -> tuple[object, str | None, Dict
         with open_dict(resolved):
             resolved.pop("k")  # built at its own default K, then never asked
     drafter = instantiate(resolved)(target)
-    if never:
-        drafter.k = 0
-    if policy is not None and getattr(drafter, "branches", 1) > 1 and (policy != "auto" or not grows_trees(drafter)):
+    traits = drafter.traits
+    if policy is not None and traits.branches > 1 and (policy != "auto" or not traits.grows_trees):
         raise UserInputError(f"draft.k={policy} prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
-                             f"target_prefix, ngram_lm); this token tree (draft.branches={drafter.branches}) takes a "
+                             f"target_prefix, ngram_lm); this token tree (draft.branches={traits.branches}) takes a "
                              "fixed node budget, e.g. draft.k=8")
-    return drafter, policy, resolved
+    return BuiltDraft(drafter, policy, resolved, 0 if never else traits.k_max)
 
 
 def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) -> KPolicy | None:
@@ -75,8 +81,7 @@ def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) 
         return HeuristicK()
     if profile is None:
         raise UserInputError("draft.k=auto needs a hardware profile; set profile.enabled=true or give profile.path")
-    k_max = drafter.k
-    shared = isinstance(drafter, SharesTargetPass)
+    k_max, shared = drafter.traits.k_max, drafter.traits.shares_target_pass
     sizes = np.arange(1, k_max + 2)  # a round with K = 0..k_max draft tokens passes K + 1
 
     @functools.lru_cache(maxsize=512)
@@ -89,7 +94,7 @@ def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) 
     def pass_seconds(context: int) -> np.ndarray:  # priced once per block of contexts: a round's choice stays cheap
         return priced(context // CONTEXT_BLOCK)
 
-    if grows_trees(drafter):  # the node budget of a dynamic tree
+    if drafter.traits.grows_trees:  # the node budget of a dynamic tree
         return TreeK(pass_seconds, profile.draft_s(draft, np.arange(k_max + 1)), prior_counts=profile.slot_counts(draft))
-    return ModelK(pass_seconds, profile.draft_s(draft, np.arange(k_max + 1)), free_groups=getattr(drafter, "groups", 0),
+    return ModelK(pass_seconds, profile.draft_s(draft, np.arange(k_max + 1)), free_groups=drafter.traits.proposal_groups,
                   prior_counts=profile.acceptance_counts(draft), fill_seconds=profile.reset_s(draft))

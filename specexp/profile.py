@@ -29,12 +29,10 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specexp.core.engine import generate
-from specexp.core.interface import SharesTargetPass
 from specexp.core.k_policy import position_counts
 from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.core.tree_policy import slot_counts
-from specexp.drafts.dynamic_tree import grows_trees
 from specexp.errors import UserInputError
 from specexp.models import cache_root
 from specexp.runtime import draft_models
@@ -216,10 +214,12 @@ def measure_target(forward, batch_size: int, max_tokens: int, context_lengths: l
     return target_s, prefill_s
 
 
-def _decode(forward, prompt: list[int], batch_size: int, drafter, sampling, new_tokens: int, target):
+def _decode(forward, prompt: list[int], batch_size: int, drafter, sampling, new_tokens: int, target,
+            k: int | None = None):
+    """A decode of ``batch_size`` copies of the prompt asking the draft for ``k`` tokens a round (None: its k_max)."""
     generator = torch.Generator(device=target.model.device).manual_seed(0)
     return generate(forward, [prompt] * batch_size, drafter, sampling, new_tokens, target.eos_token_ids, generator,
-                    target.pad_token_id)
+                    target.pad_token_id, k_max=k)
 
 
 def measure_overhead(forward, target, prompt: list[int], batch_size: int, sampling, new_tokens: int = 32) -> tuple[float, float]:
@@ -253,34 +253,29 @@ def measure_draft(forward, target, drafter, prompt: list[int], batch_size: int, 
     it (its reset at the prompt pass and the excess of its first round, where a model draft fills
     its cache); its acceptance per position in those decodes (where draft.k=auto starts from); and
     for a draft that runs the target's pass itself, that pass by size."""
-    k_max = drafter.k
     draft_s, once, passes = [], [], {}
     accepted, reached = np.zeros(max(ks)), np.zeros(max(ks))
-    tree = grows_trees(drafter)  # draft.k=auto starts a tree's node budget from its slot counts
+    tree = drafter.traits.grows_trees  # draft.k=auto starts a tree's node budget from its slot counts
     slot_accepted, slot_reached = np.zeros(max(ks)), np.zeros(max(ks))
-    try:
-        _decode(forward, prompt, batch_size, drafter, sampling, 4, target)  # warm-up
-        for k in ks:
-            drafter.k = k
-            out = _decode(forward, prompt, batch_size, drafter, sampling, new_tokens, target)
-            draft_s.append(statistics.median(out.draft_s))
-            once.append(out.prefill_s - ar_prefill_s + (out.draft_s[0] - draft_s[-1] if out.draft_s else 0.0))
-            took, looked = acceptance_counts(out, max(ks))
-            accepted, reached = accepted + took, reached + looked
-            if tree:
-                took, looked = tree_slot_counts(out, max(ks))
-                slot_accepted, slot_reached = slot_accepted + took, slot_reached + looked
-            for n, seconds in zip(out.n_proposed.max(1).values.tolist(), out.target_s, strict=True):
-                passes.setdefault(n + 1, []).append(seconds)
-            if progress is not None:
-                progress.update(1)
-    finally:
-        drafter.k = k_max
+    _decode(forward, prompt, batch_size, drafter, sampling, 4, target)  # warm-up
+    for k in ks:
+        out = _decode(forward, prompt, batch_size, drafter, sampling, new_tokens, target, k)
+        draft_s.append(statistics.median(out.draft_s))
+        once.append(out.prefill_s - ar_prefill_s + (out.draft_s[0] - draft_s[-1] if out.draft_s else 0.0))
+        took, looked = acceptance_counts(out, max(ks))
+        accepted, reached = accepted + took, reached + looked
+        if tree:
+            took, looked = tree_slot_counts(out, max(ks))
+            slot_accepted, slot_reached = slot_accepted + took, slot_reached + looked
+        for n, seconds in zip(out.n_proposed.max(1).values.tolist(), out.target_s, strict=True):
+            passes.setdefault(n + 1, []).append(seconds)
+        if progress is not None:
+            progress.update(1)
     entry = {"k": list(ks), "draft_s": draft_s, "reset_s": max(statistics.median(once), 0.0),
              "accepted": accepted.tolist(), "reached": reached.tolist(), "method": DRAFT_METHOD}
     if tree:
         entry |= {"slot_accepted": slot_accepted.tolist(), "slot_reached": slot_reached.tolist()}
-    if isinstance(drafter, SharesTargetPass):
+    if drafter.traits.shares_target_pass:
         entry["pass_s"] = fill_by_size({n: statistics.median(s) for n, s in passes.items()}, max(ks) + 1)
     return entry
 
@@ -322,13 +317,13 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
         context = target.context_length or max(context_lengths) + max_tokens
         lengths = [length for length in context_lengths if length + max_tokens <= context] or [max(context - max_tokens, 1)]
         ks = list(range(1, max_tokens))
-        if drafter is not None and getattr(drafter, "max_k", None):  # a draft that proposes at most max_k (Medusa's chain)
-            ks = ks[: drafter.max_k]
+        if drafter is not None and drafter.traits.k_limit:  # a draft that proposes at most k_limit (Medusa's chain)
+            ks = ks[: drafter.traits.k_limit]
         entry = {} if profile is None else profile.drafts.get(draft_name, {})
         weights = None if drafter is None else weights_fingerprint(drafter)
         need_draft = drafter is not None and (len(entry.get("k", [])) < len(ks) or entry.get("method") != DRAFT_METHOD
                                               or entry.get("weights") != weights
-                                              or (grows_trees(drafter) and "slot_reached" not in entry))
+                                              or (drafter.traits.grows_trees and "slot_reached" not in entry))
         steps = (0 if profile is not None else len(lengths) * (repeats + 1) + 1) + (len(ks) if need_draft else 0)
         if steps == 0:
             return profile

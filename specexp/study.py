@@ -43,6 +43,7 @@ WARMUP_TOKENS = 8  # per arm, on the first batch, before anything is timed
 class Study:
     target: LoadedModel
     drafter: Drafter
+    k_max: int  # most draft tokens a round asks: the draft's traits.k_max, 0 for draft.k=0 (never asked)
     prompts: list[Prompt]
     encoded: list[list[int]]
     sampling: SamplingConfig
@@ -74,9 +75,10 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
     target = instantiate(cfg.target)
     if target.tokenizer is None:
         raise UserInputError(f"target '{target.name}' has no tokenizer; a study needs one to encode its prompts")
-    drafter, policy, draft_cfg = build_draft(cfg.draft, target)
+    built = build_draft(cfg.draft, target)
+    drafter = built.drafter
     # Planned for every pass a profile times (K up to PROFILED_K), so a profile holds for any K a study runs.
-    runtime = instantiate(cfg.runtime).prepare(target, drafter, round_rows(cfg.batch_size, max(drafter.k, PROFILED_K)))
+    runtime = instantiate(cfg.runtime).prepare(target, drafter, round_rows(cfg.batch_size, max(built.k_max, PROFILED_K)))
     encoded = encode_prompts(target.tokenizer, prompts, chat_template=cfg.chat_template)
     context = target.context_length
     for prompt, ids in zip(prompts, encoded, strict=False):
@@ -87,18 +89,18 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
                 f"prompt '{prompt.id}' has {len(ids)} tokens; with max_new_tokens={cfg.max_new_tokens} "
                 f"it exceeds the target's context of {context} tokens"
             )
-    study = Study(target, drafter, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
-                  cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_name=draft_key(draft_cfg),
+    study = Study(target, drafter, built.k_max, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
+                  cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_name=draft_key(built.config),
                   timing=TimingSettings(**cfg.timing))
-    if getattr(drafter, "greedy_only", False) and not sampling.greedy:
+    if drafter.traits.greedy_only and not sampling.greedy:
         raise UserInputError(f"draft={type(drafter).__name__} needs greedy decoding; set sampling=greedy "
                              f"(got temperature={sampling.temperature})")
-    if hasattr(drafter, "set_reference"):  # the oracle: the target's greedy continuations, decoded untimed
+    if drafter.traits.needs_reference:  # the oracle: the target's greedy continuations, decoded untimed
         new_tokens = max(cfg.max_new_tokens, cfg.profile.new_tokens)
         drafter.set_reference(encoded, greedy_continuations(runtime.forward, target, encoded, new_tokens, cfg.batch_size))
     study.profile = study_profile(cfg, study, force_profile)
-    study.k_policy = make_policy(policy, study.profile, study.draft_name, drafter)
-    study.k_setting = policy or "fixed"
+    study.k_policy = make_policy(built.policy, study.profile, study.draft_name, drafter)
+    study.k_setting = built.policy or "fixed"
     return study
 
 
@@ -107,12 +109,12 @@ def study_profile(cfg: DictConfig, study: Study, force: bool = False) -> Profile
     cache, measured first when missing), with an entry for the study's draft."""
     settings = cfg.profile
     if settings.path is not None:
-        return load_profile(settings.path, study.draft_name if study.drafter.k > 0 else None)
+        return load_profile(settings.path, study.draft_name if study.k_max > 0 else None)
     if not settings.enabled:
         return None
-    drafter = study.drafter if study.drafter.k > 0 else None  # a draft never asked needs no entry
+    drafter = study.drafter if study.k_max > 0 else None  # a draft never asked needs no entry
     return ensure_profile(study.target, study.forward, study.runtime, drafter, study.draft_name,
-                          study.encoded[0], study.batch_size, study.sampling, study.drafter.k,
+                          study.encoded[0], study.batch_size, study.sampling, study.k_max,
                           context_lengths=list(settings.context_lengths), repeats=settings.repeats,
                           new_tokens=settings.new_tokens, force=force)
 
@@ -271,7 +273,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
         generator = torch.Generator(device=target.model.device).manual_seed(seed)
         return generate(study.forward, [study.encoded[i] for i in indices], drafter if with_draft else None,
                         study.sampling, max_new, eos, generator, pad, clock=study.clock,
-                        k_policy=policy if with_draft else None)
+                        k_policy=policy if with_draft else None, k_max=study.k_max if with_draft else 0)
 
     def time_batch(n: int, indices: list[int], repeat: int, policy: KPolicy | None) -> dict[bool, GenerationOutput]:
         """Both arms of batch n, in the order the batch and pass give (so each arm goes first as often)."""
@@ -293,7 +295,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
         outs = time_batch(n, indices, 0, study.k_policy)
         spec, ar = outs[True], outs[False]
         batch_prompts = [study.prompts[i] for i in indices]
-        rounds += [round_table(spec, batch_prompts, "spec", n, drafter.k), round_table(ar, batch_prompts, "ar", n, 0)]
+        rounds += [round_table(spec, batch_prompts, "spec", n, study.k_max), round_table(ar, batch_prompts, "ar", n, 0)]
         batch_records += batch_records_of(outs, n, 0, batch_prompts[0].category,
                                           max(len(study.encoded[i]) for i in indices))
         answers = _answer_rows(study.prompts, indices, spec, ar, target.tokenizer)
@@ -305,7 +307,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
 
     rounds_df = pd.concat(rounds, ignore_index=True)
     batches_df = pd.DataFrame(batch_records)
-    summary = summarize(rounds_df, batches_df, drafter.k, study.batch_by_category, study.profile, study.draft_name,
+    summary = summarize(rounds_df, batches_df, study.k_max, study.batch_by_category, study.profile, study.draft_name,
                         rng=np.random.default_rng(study.seed), resamples=study.timing.resamples)
     summary["timing"] = timing
     summary["k_policy"] = study.k_setting

@@ -2,7 +2,7 @@
 
 import torch
 
-from specexp.core.interface import Context, Drafter, Proposal
+from specexp.core.interface import Context, Drafter, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.eagle import EagleDrafter
 from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
@@ -20,16 +20,16 @@ class RandomDrafter:
     """Proposes uniformly random tokens with q = uniform: agrees with the target by chance only."""
 
     def __init__(self, vocab_size: int, k: int):
-        self.k, self.vocab_size = k, vocab_size
+        self.traits, self.vocab_size = DraftTraits(k_max=k), vocab_size
 
     def reset(self, ctx: Context) -> None:
         pass
 
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator) -> Proposal:
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator) -> Proposal:
         B = ctx.tokens.shape[0]
-        tokens = torch.randint(self.vocab_size, (B, self.k), generator=generator)
-        probs = torch.full((B, self.k, self.vocab_size), 1.0 / self.vocab_size)
-        return Proposal(tokens=tokens, probs=probs, n_proposed=torch.full((B,), self.k))
+        tokens = torch.randint(self.vocab_size, (B, k), generator=generator)
+        probs = torch.full((B, k, self.vocab_size), 1.0 / self.vocab_size)
+        return Proposal(tokens=tokens, probs=probs, n_proposed=torch.full((B,), k))
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         pass
@@ -57,8 +57,8 @@ class RecordsProposals:
     """Mixin for a feature draft: keeps, per round, each row's committed tokens and features and
     what it proposed (tokens, q)."""
 
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator) -> Proposal:
-        proposal = super().propose(ctx, sampling, generator)
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator) -> Proposal:
+        proposal = super().propose(ctx, k, sampling, generator)
         rows = [(int(s), int(n)) for s, n in zip(ctx.start, ctx.lengths, strict=True)]
         self.__dict__.setdefault("rounds", []).append(
             [(ctx.tokens[b, s:n].clone(), ctx.features[b, s:n].clone(), proposal.tokens[b].clone(),

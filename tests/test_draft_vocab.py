@@ -61,7 +61,7 @@ def test_a_reduced_draft_proposes_only_its_tokens_with_zero_q_elsewhere(target, 
     tokens = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
     ctx = Context(tokens=tokens, start=P - lengths, lengths=torch.full((3,), P), done=torch.zeros(3, dtype=torch.bool))
     drafter.reset(ctx)
-    proposal = drafter.propose(ctx, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    proposal = drafter.propose(ctx, drafter.traits.k_max, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
     assert torch.isin(proposal.tokens, kept).all()
     outside = torch.ones(target.vocab_size, dtype=torch.bool)
     outside[kept] = False

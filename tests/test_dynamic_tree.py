@@ -64,8 +64,8 @@ def test_small_lm_tree_nodes_are_the_drafts_top_children_of_their_paths(target, 
     drafter = SmallLMDrafter(target, other_draft, k=7, branches=branches)
     propose, checked = drafter.propose, []
 
-    def checking_propose(ctx, sampling, generator):
-        proposal = propose(ctx, sampling, generator)
+    def checking_propose(ctx, k, sampling, generator):
+        proposal = propose(ctx, k, sampling, generator)
         for b in range(len(prompts)):
             committed = ctx.tokens[b, ctx.start[b] : ctx.lengths[b]].tolist()
             tokens, parents = proposal.tokens[b].tolist(), proposal.parents[b].tolist()

@@ -76,9 +76,9 @@ class RecordingSharedDrafter(SharedEarlyExitDrafter):
         if self.ctx is not None:
             self.positions[i] += hidden.shape[0] * hidden.shape[1]
 
-    def propose(self, ctx, sampling, generator):
+    def propose(self, ctx, k, sampling, generator):
         self.ctx = ctx
-        return super().propose(ctx, sampling, generator)
+        return super().propose(ctx, k, sampling, generator)
 
     def target_forward(self, inputs):
         logits = super().target_forward(inputs)

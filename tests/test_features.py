@@ -2,11 +2,13 @@
 transformers' output_hidden_states of the committed sequence, through ragged rewinds and token
 trees, on both runtimes."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from specexp.core.engine import generate
-from specexp.core.interface import Context, Proposal, ReadsTargetFeatures
+from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig
 from specexp.runtime.decoder import lean_decoder
 from tests.drafters import make_drafter
@@ -18,17 +20,16 @@ class Recording:
     """Wraps a draft; reads the committed slots' features at every proposal, as a feature draft would."""
 
     def __init__(self, inner, hidden_layers: tuple[int, ...]):
-        self.inner, self.hidden_layers, self.seen = inner, hidden_layers, []
-        self.k = inner.k
+        self.inner, self.seen = inner, []
+        self.traits = dataclasses.replace(inner.traits, hidden_layers=hidden_layers)
 
     def reset(self, ctx: Context) -> None:
         self.inner.reset(ctx)
 
-    def propose(self, ctx: Context, sampling, generator) -> Proposal:
-        self.inner.k = self.k
+    def propose(self, ctx: Context, k: int, sampling, generator) -> Proposal:
         rows = [(int(s), int(n)) for s, n in zip(ctx.start, ctx.lengths, strict=True)]
         self.seen.append([(ctx.tokens[b, s:n].clone(), ctx.features[b, s : n - 1].clone()) for b, (s, n) in enumerate(rows)])
-        return self.inner.propose(ctx, sampling, generator)
+        return self.inner.propose(ctx, k, sampling, generator)
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         self.inner.update(ctx, proposal, n_accepted)
@@ -46,7 +47,6 @@ def reference_features(model, tokens: torch.Tensor, layers: tuple[int, ...]) -> 
 def test_features_equal_transformers_hidden_states_through_ragged_rewinds(target, other_draft, prompts, ngram_files,
                                                                           runtime, kind, sampling):
     layers = (0, 1, 2)  # the embeddings, a layer's output, the final normed state
-    assert isinstance(Recording(make_drafter("random", target, other_draft, 2, ngram_files), layers), ReadsTargetFeatures)
     drafter = Recording(make_drafter(kind, target, other_draft, 4, ngram_files), layers)
     forward = target.model if runtime == "hf" else lean_decoder(target.model)
     out = generate(forward, prompts, drafter, sampling, 20, NO_EOS, torch.Generator().manual_seed(0))
@@ -64,12 +64,12 @@ def test_a_draft_that_reads_no_features_gets_none(target, other_draft, prompts, 
     seen = []
 
     class Plain:
-        k = 2
+        traits = DraftTraits(k_max=2)
 
         def reset(self, ctx):
             pass
 
-        def propose(self, ctx, sampling, generator):
+        def propose(self, ctx, k, sampling, generator):
             seen.append(ctx.features)
             return Proposal.empty(ctx.tokens.shape[0], target.vocab_size, ctx.tokens.device)
 

@@ -137,7 +137,7 @@ class FakeClock:
 def aa_study(target, seed: int, settings: TimingSettings, steady: bool = False) -> Study:
     prompts = [Prompt(id=str(i), text="", category=f"c{i % 4}") for i in range(8)]
     encoded = [[5 + i, 6, 7 + i % 3] for i in range(8)]
-    return Study(target, NoDrafter(target), prompts, encoded, SamplingConfig(), 8, 1, True, seed, target.model, {},
+    return Study(target, NoDrafter(target), 0, prompts, encoded, SamplingConfig(), 8, 1, True, seed, target.model, {},
                  timing=settings, clock=FakeClock(seed, steady))
 
 
@@ -180,7 +180,7 @@ def test_repeated_passes_repeat_the_same_work(tmp_path, target, other_draft):
     from specexp.drafts.small_lm import SmallLMDrafter
 
     study = aa_study(target, 0, TimingSettings(repeats=3, target_halfwidth=None, resamples=200))
-    study.drafter = SmallLMDrafter(target, other_draft, k=2)
+    study.drafter, study.k_max = SmallLMDrafter(target, other_draft, k=2), 2
     summary = run(study, tmp_path)
     batches = pd.read_parquet(tmp_path / "batches.parquet")
     assert batches.groupby(["mode", "batch"])["tokens"].nunique().eq(1).all()

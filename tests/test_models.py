@@ -50,11 +50,11 @@ def test_small_lm_cache_catches_up_beside_a_finished_row_after_rounds_without_th
     ctx = Context(tokens=tokens, start=torch.tensor([0, 3]), lengths=torch.tensor([6, 6]),
                   done=torch.tensor([False, False]))
     drafter.reset(ctx)
-    proposal = drafter.propose(ctx, SamplingConfig(temperature=1.0), g)
+    proposal = drafter.propose(ctx, drafter.traits.k_max, SamplingConfig(temperature=1.0), g)
     proposal.accepted_path = torch.full_like(proposal.tokens, -1)  # what the engine sets: nothing accepted
     drafter.update(ctx, proposal, torch.zeros(2, dtype=torch.long))
     ctx.done[0], ctx.lengths[1] = True, 6 + 12  # 12 rounds without the draft: row 1's pending (13) > row 0's 6 tokens
-    proposal = drafter.propose(ctx, SamplingConfig(temperature=1.0), g)
+    proposal = drafter.propose(ctx, drafter.traits.k_max, SamplingConfig(temperature=1.0), g)
     with torch.no_grad():
         fresh = other_draft.model(input_ids=tokens[1:, 3:18]).logits[0, -1].softmax(-1)  # [V]
     torch.testing.assert_close(proposal.probs[1, 0].double(), fresh.double(), rtol=1e-4, atol=1e-6)

@@ -69,7 +69,7 @@ def test_proposal_is_one_hot_and_padded(target):
     ctx = Context(tokens=tokens, start=torch.tensor([1, 0]), lengths=torch.tensor([6, 5]),
                   done=torch.tensor([False, False]))
     drafter.reset(ctx)
-    proposal = drafter.propose(ctx, SamplingConfig(), None)
+    proposal = drafter.propose(ctx, drafter.traits.k_max, SamplingConfig(), None)
     # row 0 (7 8 9 7 8): "7 8" seen before -> "9 7 8", the continuation runs out at 3; row 1: no repeat
     assert proposal.n_proposed.tolist() == [3, 0]
     assert proposal.tokens.shape == (2, 3) and proposal.tokens[0].tolist() == [9, 7, 8]
@@ -79,7 +79,7 @@ def test_proposal_is_one_hot_and_padded(target):
     ctx.tokens[1, 5:7] = torch.tensor([4, 5])
     ctx.lengths = torch.tensor([6, 7])
     drafter.update(ctx, proposal, torch.tensor([0, 0]))
-    assert drafter.propose(ctx, SamplingConfig(), None).tokens[1].tolist() == [6, 10, 11, 4]
+    assert drafter.propose(ctx, drafter.traits.k_max, SamplingConfig(), None).tokens[1].tolist() == [6, 10, 11, 4]
 
 
 def test_short_matches_propose_at_most_their_cap(target):
@@ -90,7 +90,7 @@ def test_short_matches_propose_at_most_their_cap(target):
     for caps, expected in [([], [[9, 7, 8], [1, 2, 3, 6]]), ([1, 2], [[9, 7], [1]]), ([0], [[9, 7, 8], []])]:
         drafter = PromptLookupDrafter(target, k=4, max_n=3, max_tokens_after_match=caps)
         drafter.reset(ctx)
-        proposal = drafter.propose(ctx, SamplingConfig(), None)
+        proposal = drafter.propose(ctx, drafter.traits.k_max, SamplingConfig(), None)
         assert [row[:n].tolist() for row, n in zip(proposal.tokens, proposal.n_proposed, strict=True)] == expected
 
 
@@ -132,13 +132,13 @@ def test_tree_proposal_branches_where_earlier_continuations_differ(target):
     ctx = Context(tokens=tokens, start=torch.tensor([0]), lengths=torch.tensor([12]), done=torch.tensor([False]))
     drafter = PromptLookupDrafter(target, k=5, max_n=2, min_n=1, max_tokens_after_match=[], branches=3)
     drafter.reset(ctx)
-    proposal = drafter.propose(ctx, SamplingConfig(), None)
+    proposal = drafter.propose(ctx, drafter.traits.k_max, SamplingConfig(), None)
     # Continuations of up to 5 - 3 + 1 = 3 tokens (room for the other branches): (2, 9 1 7) and
     # (2, 9 2 8) share their 9; (1, 3 7 8) finds no node left.
     assert proposal.tokens[0].tolist() == [9, 1, 7, 2, 8] and proposal.parents[0].tolist() == [-1, 0, 1, 0, 3]
     drafter = PromptLookupDrafter(target, k=8, max_n=2, min_n=1, max_tokens_after_match=[], branches=3)
     drafter.reset(ctx)
-    proposal = drafter.propose(ctx, SamplingConfig(), None)
+    proposal = drafter.propose(ctx, drafter.traits.k_max, SamplingConfig(), None)
     assert proposal.tokens[0].tolist() == [9, 1, 7, 8, 9, 2, 2, 8]  # 6 deep, then the second branch
     assert proposal.parents[0].tolist() == [-1, 0, 1, 2, 3, 4, 0, 6]
     assert torch.equal(proposal.probs[0].argmax(-1), proposal.tokens[0]) and proposal.probs[0].sum().item() == 8.0

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specexp.core.interface import Context, Drafter, Proposal, ReadsTargetFeatures, SharesTargetPass
+from specexp.core.interface import Context, Drafter, Proposal
 from specexp.core.k_policy import KPolicy
-from specexp.core.kv import new_ragged_kv
+from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.core.tree import chain_parents, proposal_depth
 from specexp.core.verify import tree_verify
@@ -95,6 +95,130 @@ def keep_features(ctx: Context, features: torch.Tensor, path: torch.Tensor, acti
     ctx.features.scatter_(1, slots[..., None].expand(-1, -1, F), torch.where(active[:, None, None], kept, held))
 
 
+@dataclass
+class Decoding:
+    """A batch in flight: what one round reads and moves on."""
+
+    ctx: Context
+    kv: RaggedKV | StaticRaggedKV  # the target's cache: every committed token but the tip
+    tip: torch.Tensor  # [B] the last committed token, whose p the next pass gives
+    generated: torch.Tensor  # [B] new tokens committed per row
+    eos: torch.Tensor  # [E] ids that end a row
+    max_new_tokens: int
+    prompt_width: int  # P: the left-padded prompts' slots; new tokens start there
+    vocab_size: int  # V of p (and of every q)
+    hidden_layers: tuple[int, ...]  # the target's hidden states a feature draft reads; () none
+    logs: dict[str, list[torch.Tensor]] = field(default_factory=lambda: {name: [] for name in ROUND_STATS})
+
+
+ROUND_STATS = ("n_proposed", "depth", "n_accepted", "n_emitted", "active", "group")  # [B] per round, stacked to [R, B]
+
+
+def prompt_pass(target: Callable, prompts: list[list[int]], sampling: SamplingConfig, max_new_tokens: int, k_max: int,
+                eos_token_ids: list[int], hidden_layers: tuple[int, ...], generator: torch.Generator | None,
+                pad_token_id: int) -> Decoding:
+    """One target pass over the left-padded prompts gives p for the first new token: a round
+    without a draft. From then on the target cache holds every committed token but the tip."""
+    device = target.device
+    B = len(prompts)
+    prompt_ids, prompt_mask = left_pad(prompts, pad_token_id, device)  # [B, P]
+    P = prompt_ids.shape[1]
+    # Committed tokens; K+1 slots of slack past max_new_tokens take each round's scratch writes.
+    buf = torch.full((B, P + max_new_tokens + k_max + 1), pad_token_id, dtype=torch.long, device=device)
+    buf[:, :P] = prompt_ids
+    ctx = Context(tokens=buf, start=P - prompt_mask.sum(1), lengths=torch.full((B,), P, dtype=torch.long, device=device),
+                  done=torch.zeros(B, dtype=torch.bool, device=device))
+    kv = new_ragged_kv(target, B, device, capacity=buf.shape[1])
+    if hidden_layers:
+        logits, features = kv.forward_features(target, prompt_ids, hidden_layers, prompt_mask)  # [B, 1, V], [B, P, F]
+        ctx.features = features.new_zeros(B, buf.shape[1], features.shape[-1])
+        ctx.features[:, :P] = features
+    else:
+        logits = kv.forward(target, prompt_ids, prompt_mask)
+    first_probs = logits_to_probs(logits.to(device), sampling)  # [B, 1, V]
+    vocab_size = target.config.get_text_config().vocab_size
+    no_draft = Proposal.empty(B, vocab_size, device)
+    _, _, tip = tree_verify(no_draft.tokens, chain_parents(B, 0, device), no_draft.probs, first_probs, generator)  # [B]
+    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
+    decoding = Decoding(ctx, kv, tip, torch.zeros(B, dtype=torch.long, device=device), eos, max_new_tokens, P, vocab_size,
+                        hidden_layers)
+    _, decoding.generated = _commit(ctx, tip[:, None], torch.zeros_like(tip), eos, max_new_tokens, decoding.generated)
+    return decoding
+
+
+def target_pass(target: Callable, drafter: Drafter | None, state: Decoding, proposal: Proposal,
+                drafted: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target over [tip, x_1..x_K] (a tree's nodes each see their ancestors): logits [B, K+1, V]
+    and, for a feature draft, the hidden states it reads [B, K+1, F]."""
+    inputs = torch.cat([state.tip[:, None], proposal.tokens], dim=1)  # [B, K+1]
+    K = proposal.tokens.shape[1]
+    if drafted and drafter.traits.shares_target_pass:  # an early-exit draft already ran its layers for tip, x_1..x_{K-1}
+        return drafter.target_forward(inputs), None
+    if state.hidden_layers:
+        return state.kv.forward_features(target, inputs, state.hidden_layers, logits_to_keep=K + 1,
+                                         parents=proposal.parents)
+    return state.kv.forward(target, inputs, logits_to_keep=K + 1, parents=proposal.parents), None
+
+
+def decode_round(target: Callable, drafter: Drafter | None, state: Decoding, k_round: int, sampling: SamplingConfig,
+                 generator: torch.Generator | None, k_policy: KPolicy | None, timer: Callable[[], None]) -> torch.Tensor:
+    """One round for every row still generating; returns its accepted path [B, D] and appends the
+    round's statistics to ``state.logs``; ``timer`` marks the ends of drafting and of the target pass."""
+    ctx, B, device = state.ctx, state.tip.shape[0], state.tip.device
+    # 1. Propose up to K tokens per row with their q (K = 0: the draft sits the round out).
+    if k_round == 0:
+        proposal = Proposal.empty(B, state.vocab_size, device)
+    else:
+        proposal = drafter.propose(ctx, k_round, sampling, generator)
+        if k_policy is not None and not drafter.traits.shares_target_pass:  # a shared pass continues all it drafted
+            proposal = k_policy.shorten(proposal, ctx)
+    K = proposal.tokens.shape[1]
+    timer()
+
+    # 2. One target pass over [tip, x_1..x_K]: p at K+1 positions.
+    logits, features = target_pass(target, drafter, state, proposal, k_round > 0)
+    target_probs = logits_to_probs(logits.to(device), sampling)  # a device_map target's logits are on its last device
+    timer()
+
+    # 3. Verify: the accepted path [B, D] through the tree (a chain's: 0..n-1).
+    parents = proposal.parents if proposal.parents is not None else chain_parents(B, K, device)
+    path, n_accepted, next_token = tree_verify(proposal.tokens, parents, proposal.probs, target_probs, generator)
+    proposal.accepted_path = path
+
+    # 4. Commit the path's tokens x_1..x_n then next_token (and the tip's and path's hidden states).
+    active = ~ctx.done
+    if state.hidden_layers:
+        keep_features(ctx, features, path, active)
+    new = torch.cat([proposal.tokens.gather(1, path.clamp_min(0)), next_token[:, None]], dim=1)  # [B, D+1]
+    new.scatter_(1, n_accepted[:, None], next_token[:, None])
+    n_emit, state.generated = _commit(ctx, new, n_accepted, state.eos, state.max_new_tokens, state.generated)
+
+    # 5. Rewind: the target keeps tip, x_1..x_n (moved into place from a tree); the draft rewinds itself.
+    state.kv.keep_path(path, n_accepted, K)
+    if k_round > 0:
+        drafter.update(ctx, proposal, n_accepted)
+    if k_policy is not None:
+        k_policy.observe(proposal, n_accepted, active)
+    state.tip = next_token
+    group = proposal.group if proposal.group is not None else torch.zeros_like(n_accepted)
+    depth = proposal_depth(proposal.tokens, proposal.probs, proposal.n_proposed, proposal.parents)
+    for name, value in zip(ROUND_STATS, (proposal.n_proposed, depth, n_accepted, n_emit, active, group), strict=True):
+        state.logs[name].append(value)
+    return path
+
+
+def finish(out: GenerationOutput, state: Decoding) -> GenerationOutput:
+    """Stack the per-round statistics [R, B] and cut each row's new tokens out of the buffer (on the host)."""
+    B = state.tip.shape[0]
+    for name, values in state.logs.items():
+        empty = torch.zeros(0, B, dtype=torch.bool if name == "active" else torch.long)
+        setattr(out, name, torch.stack(values).cpu() if values else empty)
+    out.paths = [path.cpu() for path in out.paths]
+    lengths, buf = state.ctx.lengths.tolist(), state.ctx.tokens.cpu()
+    out.tokens = [buf[b, state.prompt_width : lengths[b]].tolist() for b in range(B)]
+    return out
+
+
 @torch.inference_mode()
 def generate(
     target: Callable,  # a causal LM, or the lean runtime's decoder of one
@@ -107,11 +231,13 @@ def generate(
     pad_token_id: int = 0,
     clock: Callable[[], float] = time.perf_counter,
     k_policy: KPolicy | None = None,
+    k_max: int | None = None,
 ) -> GenerationOutput:
     """Decode a batch of prompts speculatively (or autoregressively when drafter is None).
 
-    ``k_policy`` chooses each round's K (up to ``drafter.k``; 0 runs the round without the
-    draft) and may shorten the proposal; without one the draft proposes up to ``drafter.k``.
+    Each round asks the draft for ``k_max`` tokens (None: its ``traits.k_max``; 0: never ask it,
+    the A/A control with the draft built); ``k_policy`` chooses each round's K up to that instead
+    (0 runs the round without the draft) and may shorten the proposal.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
@@ -121,121 +247,41 @@ def generate(
     # Every GPU: a device_map target's pass ends on its last one.
     sync = (lambda: [torch.cuda.synchronize(i) for i in range(torch.cuda.device_count())]) if device.type == "cuda" \
         else (lambda: None)
-    B = len(prompts)
-    vocab_size = target.config.get_text_config().vocab_size
-    k_max = drafter.k if drafter is not None else 0
-    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
-    no_draft = Proposal.empty(B, vocab_size, device)
+    if drafter is None:
+        k_max = 0
+    elif k_max is None:
+        k_max = drafter.traits.k_max
+    hidden_layers = drafter.traits.hidden_layers if drafter is not None else ()
 
     start_time = clock()
-    prompt_ids, prompt_mask = left_pad(prompts, pad_token_id, device)  # [B, P]
-    P = prompt_ids.shape[1]
-    # Committed tokens; K+1 slots of slack past max_new_tokens take each round's scratch writes.
-    buf = torch.full((B, P + max_new_tokens + k_max + 1), pad_token_id, dtype=torch.long, device=device)
-    buf[:, :P] = prompt_ids
-    ctx = Context(
-        tokens=buf,
-        start=P - prompt_mask.sum(1),
-        lengths=torch.full((B,), P, dtype=torch.long, device=device),
-        done=torch.zeros(B, dtype=torch.bool, device=device),
-    )
-    generated = torch.zeros(B, dtype=torch.long, device=device)
-
-    # The prompt pass gives p for the first new token: a round without a draft. From then
-    # on the target cache holds every committed token but the tip, whose p comes next round.
-    kv = new_ragged_kv(target, B, device, capacity=buf.shape[1])
-    hidden_layers = tuple(drafter.hidden_layers) if isinstance(drafter, ReadsTargetFeatures) else ()
-    if hidden_layers:
-        logits, features = kv.forward_features(target, prompt_ids, hidden_layers, prompt_mask)  # [B, 1, V], [B, P, F]
-        ctx.features = features.new_zeros(B, buf.shape[1], features.shape[-1])
-        ctx.features[:, :P] = features
-    else:
-        logits = kv.forward(target, prompt_ids, prompt_mask)
-    first_probs = logits_to_probs(logits.to(device), sampling)  # [B, 1, V]
-    _, _, tip = tree_verify(no_draft.tokens, chain_parents(B, 0, device), no_draft.probs, first_probs, generator)  # [B]
-    _, generated = _commit(ctx, tip[:, None], torch.zeros_like(tip), eos, max_new_tokens, generated)
-    shared_pass = isinstance(drafter, SharesTargetPass)
-    if shared_pass:
-        drafter.attach(kv)
+    state = prompt_pass(target, prompts, sampling, max_new_tokens, k_max, eos_token_ids, hidden_layers, generator,
+                        pad_token_id)
+    if drafter is not None and drafter.traits.shares_target_pass:
+        drafter.attach(state.kv)
     if drafter is not None:
-        drafter.reset(ctx)
+        drafter.reset(state.ctx)
     if k_policy is not None:
-        k_policy.begin(B, k_max, max_new_tokens)
+        k_policy.begin(len(prompts), k_max, max_new_tokens)
     sync()
-    prefill_s = clock() - start_time
+    out = GenerationOutput(tokens=[], n_proposed=None, n_accepted=None, n_emitted=None, active=None,
+                           prefill_s=clock() - start_time)
 
-    out = GenerationOutput(tokens=[], n_proposed=None, n_accepted=None, n_emitted=None, active=None)
-    logs: dict[str, list[torch.Tensor]] = {"n_proposed": [], "depth": [], "n_accepted": [], "n_emitted": [], "active": [],
-                                           "group": []}
-    while not bool(ctx.done.all()):  # the round's host sync
-        t0 = clock()
-        out.context.append(int(ctx.lengths.max()))
-        # 1. Propose up to K tokens per row with their q.
-        k_round = k_max if k_policy is None else k_policy.choose(ctx)
-        if k_round == 0:
-            proposal = no_draft  # the draft sits the round out (and is not told about it: it catches up next time)
-        else:
-            drafter.k = k_round
-            proposal = drafter.propose(ctx, sampling, generator)
-            if k_policy is not None and not shared_pass:  # a shared draft's pass continues all it drafted
-                proposal = k_policy.shorten(proposal, ctx)
+    marks: list[float] = []  # a round's clock readings: its start, drafted, target pass done, its end
+
+    def mark() -> None:
+        sync()
+        marks.append(clock())
+
+    while not bool(state.ctx.done.all()):  # the round's host sync
+        marks[:] = [clock()]
+        out.context.append(int(state.ctx.lengths.max()))
+        k_round = k_max if k_policy is None else k_policy.choose(state.ctx)
         out.k_chosen.append(k_round)
-        K = proposal.tokens.shape[1]
-        sync()
-        t1 = clock()
-
-        # 2. One target pass over [tip, x_1..x_K] (a tree's nodes each see their ancestors): p at K+1 positions.
-        inputs = torch.cat([tip[:, None], proposal.tokens], dim=1)  # [B, K+1]
-        if shared_pass and k_round > 0:  # an early-exit draft already ran its layers for the tip and x_1..x_{K-1}
-            logits = drafter.target_forward(inputs)
-        elif hidden_layers:
-            logits, features = kv.forward_features(target, inputs, hidden_layers, logits_to_keep=K + 1,
-                                                   parents=proposal.parents)  # [B, K+1, V], [B, K+1, F]
-        else:
-            logits = kv.forward(target, inputs, logits_to_keep=K + 1, parents=proposal.parents)  # [B, K+1, V]
-        target_probs = logits_to_probs(logits.to(device), sampling)  # a device_map target's logits are on its last device
-        sync()
-        t2 = clock()
-
-        # 3. Verify: the accepted path [B, D] through the tree (a chain's: 0..n-1).
-        parents = proposal.parents if proposal.parents is not None else chain_parents(B, K, device)
-        path, n_accepted, next_token = tree_verify(proposal.tokens, parents, proposal.probs, target_probs, generator)
-        proposal.accepted_path = path
-
-        # 4. Commit the path's tokens x_1..x_n then next_token (and the tip's and path's hidden states).
-        active = ~ctx.done
-        if hidden_layers:
-            keep_features(ctx, features, path, active)
-        new = torch.cat([proposal.tokens.gather(1, path.clamp_min(0)), next_token[:, None]], dim=1)  # [B, D+1]
-        new.scatter_(1, n_accepted[:, None], next_token[:, None])
-        n_emit, generated = _commit(ctx, new, n_accepted, eos, max_new_tokens, generated)
-
-        # 5. Rewind: the target keeps tip, x_1..x_n (moved into place from a tree); the draft rewinds itself.
-        kv.keep_path(path, n_accepted, K)
-        if k_round > 0:
-            drafter.update(ctx, proposal, n_accepted)
-        if k_policy is not None:
-            k_policy.observe(proposal, n_accepted, active)
-        tip = next_token
-        group = proposal.group if proposal.group is not None else torch.zeros_like(n_accepted)
-        depth = proposal_depth(proposal.tokens, proposal.probs, proposal.n_proposed, proposal.parents)
-        for name, value in (("n_proposed", proposal.n_proposed), ("depth", depth), ("n_accepted", n_accepted),
-                            ("n_emitted", n_emit), ("active", active), ("group", group)):
-            logs[name].append(value)
-        out.paths.append(path)
-        t3 = clock()
-        out.draft_s.append(t1 - t0)
-        out.target_s.append(t2 - t1)
-        out.verify_s.append(t3 - t2)
+        out.paths.append(decode_round(target, drafter, state, k_round, sampling, generator, k_policy, mark))
+        marks.append(clock())
+        out.draft_s.append(marks[1] - marks[0])
+        out.target_s.append(marks[2] - marks[1])
+        out.verify_s.append(marks[3] - marks[2])
 
     out.total_s = clock() - start_time
-    if drafter is not None:
-        drafter.k = k_max
-    out.prefill_s = prefill_s
-    for name, values in logs.items():
-        empty = torch.zeros(0, B, dtype=torch.bool if name == "active" else torch.long)
-        setattr(out, name, torch.stack(values).cpu() if values else empty)
-    out.paths = [path.cpu() for path in out.paths]
-    lengths, buf = ctx.lengths.tolist(), buf.cpu()
-    out.tokens = [buf[b, P : lengths[b]].tolist() for b in range(B)]
-    return out
+    return finish(out, state)

@@ -1,10 +1,13 @@
 """The engine's contract with every draft strategy: the committed context it shows a draft, the
-proposal a draft hands back, and the protocols a draft implements. core/ imports nothing above it."""
+proposal a draft hands back, what a draft declares of itself (DraftTraits), and the protocols a
+draft implements. Everything above core/ reads a draft through this contract, never by probing
+its attributes. core/ imports nothing above it."""
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
+from torch import nn
 
 from specexp.core.kv import RaggedKV, StaticRaggedKV
 from specexp.core.sampling import SamplingConfig
@@ -57,17 +60,39 @@ class Proposal:
         )
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    """A draft strategy. The engine calls, per batch: reset, then per round propose -> update."""
+@dataclass(frozen=True)
+class DraftTraits:
+    """What the engine, the study, the profile and the runtime need to know of a draft, declared
+    once by the draft when it is built (``Drafter.traits``)."""
 
-    k: int  # most tokens proposed per round
+    k_max: int  # most tokens (a tree's nodes) one proposal holds, as built; 0: it never proposes (draft=none)
+    # the models the draft runs: the runtime plans their products, the profile hashes their weights
+    models: tuple[nn.Module, ...] = ()
+    branches: int = 1  # > 1: each proposal is a token tree of K nodes, up to `branches` children a node
+    grows_trees: bool = False  # its trees grow by confidence (drafts/dynamic_tree.py): draft.tree=auto sizes them
+    k_limit: int | None = None  # most tokens it can propose at all, whatever k_max (Medusa's chain: its heads)
+    proposal_groups: int = 0  # its proposals carry Proposal.group in 0..n-1 (prompt lookup: match length); 0: none
+    greedy_only: bool = False  # exact only under greedy decoding (the oracle sets its acceptance by hand)
+    # transformers' output_hidden_states numbering of the target's hidden states it reads
+    # (ReadsTargetFeatures: the engine keeps them in Context.features); () reads none
+    hidden_layers: tuple[int, ...] = ()
+    shares_target_pass: bool = False  # it runs the round's target pass itself (SharesTargetPass)
+    needs_reference: bool = False  # it is shown the target's own greedy continuations first (NeedsReference)
+
+
+class Drafter(Protocol):
+    """A draft strategy. The engine calls, per batch: reset, then per round propose -> update
+    (a round the K policy gives K = 0 asks nothing of the draft: it catches up at its next propose)."""
+
+    traits: DraftTraits
 
     def reset(self, ctx: Context) -> None:
-        """Start a new batch of prompts (drop all per-sequence state, prefill caches)."""
+        """Start a new batch of prompts (drop all per-sequence state)."""
 
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
-        """Propose up to k tokens per row, with the distribution q each was drawn from."""
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+        """Propose up to ``k`` tokens per row (a tree: k nodes), with the distribution q each was
+        drawn from. A study asks 1 <= k <= traits.k_max; a hardware profile times every k up to
+        its own bound (and traits.k_limit)."""
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         """Learn what was accepted ([B] long) and rewind own state to the committed tip.
@@ -76,20 +101,16 @@ class Drafter(Protocol):
         """
 
 
-@runtime_checkable
-class ReadsTargetFeatures(Protocol):
-    """A draft that reads the target's hidden states (EAGLE, Medusa): the engine takes them from
-    its own passes (the prompt's and every round's, at no extra target cost) and keeps the
-    committed slots' in ``Context.features``, rewound with the cache."""
-
-    # transformers' output_hidden_states numbering: 0 the embeddings, j the output of layer j, the
-    # last (N) after the final norm
-    hidden_layers: tuple[int, ...]
+class ReadsTargetFeatures(Drafter, Protocol):
+    """A draft that reads the target's hidden states (EAGLE, Medusa), declared by a non-empty
+    ``traits.hidden_layers``: the engine takes them from its own passes (the prompt's and every
+    round's, at no extra target cost) and keeps the committed slots' in ``Context.features``,
+    rewound with the cache."""
 
 
-@runtime_checkable
-class SharesTargetPass(Protocol):
-    """A draft made of the target's own first layers (early exit, shared mode).
+class SharesTargetPass(Drafter, Protocol):
+    """A draft made of the target's own first layers (early exit, shared mode), declared by
+    ``traits.shares_target_pass``.
 
     It writes those layers' KV for the positions it drafts from into the target's cache, so it
     runs the round's target pass itself and computes only what drafting left out.
@@ -100,3 +121,11 @@ class SharesTargetPass(Protocol):
 
     def target_forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Append [tip, x_1..x_K] ([B, K+1]) to the target's cache; return its logits [B, K+1, V]."""
+
+
+class NeedsReference(Drafter, Protocol):
+    """A draft shown the target's greedy continuations of the prompts before decoding (the
+    oracle), declared by ``traits.needs_reference``; the study decodes them untimed."""
+
+    def set_reference(self, prompts: list[list[int]], continuations: list[list[int]]) -> None:
+        """The target's own greedy continuation of each prompt (token ids, prompt excluded)."""

@@ -46,12 +46,6 @@ def check_tree(branches: int, depth: int | None, min_confidence: float = 0.0) ->
                              f"(draft.branches={branches}) takes 0.0")
 
 
-def grows_trees(drafter) -> bool:
-    """Whether a drafter grows dynamic trees here (a model or n-gram draft with branches > 1): the
-    trees whose node budget `draft.k=auto` prices (core/tree_policy.py)."""
-    return getattr(drafter, "branches", 1) > 1 and getattr(drafter, "dynamic_tree", False)
-
-
 def level_sizes(branches: int, n_nodes: int, depth: int | None) -> list[list[int]]:
     """Children per expanded node, level by level: [[c_root]], then one list per later level (one
     count per expanded node, best first) while the budget ``n_nodes`` and ``depth`` allow."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.kv import StaticRaggedKV, region_mask
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import sample_draft
@@ -35,10 +35,10 @@ class EagleDrafter:
     def __init__(self, target: LoadedModel, head: EagleHead, k: int = 4, branches: int = 1, depth: int | None = None):
         check_k(k)
         check_tree(branches, depth)
-        self.dynamic_tree = True  # with branches > 1, grown by drafts/dynamic_tree.py
-        self.k, self.branches, self.depth = k, branches, depth
+        self.branches, self.depth = branches, depth
         self.head = head
-        self.hidden_layers = head.hidden_layers  # the engine keeps these features in Context.features
+        self.traits = DraftTraits(k_max=k, models=(head,), branches=branches, grows_trees=branches > 1,
+                                  hidden_layers=tuple(head.hidden_layers))
         self.forward = head.decoder()
         self.kv: StaticRaggedKV | None = None
         self.filled = False
@@ -91,27 +91,27 @@ class EagleDrafter:
         return self._run(x, self.kv.extend(torch.ones_like(tokens[:, None])))[:, 0]
 
     @torch.inference_mode()
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         h = self._feed_committed(ctx)
         if self.branches > 1:
-            return self._propose_tree(h, sampling, generator)
+            return self._propose_tree(h, k, sampling, generator)
         tokens, probs = [], []
-        for i in range(self.k):
+        for i in range(k):
             x, q = sample_draft(self.head.logits(h), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
             tokens.append(x)
             probs.append(q)
-            if i + 1 < self.k:
+            if i + 1 < k:
                 h = self._step(x, h)
-        self.n_drafted = self.k - 1
-        n_proposed = torch.full_like(ctx.lengths, self.k)
+        self.n_drafted = k - 1
+        n_proposed = torch.full_like(ctx.lengths, k)
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), n_proposed=n_proposed)
 
-    def _propose_tree(self, root_h: torch.Tensor, sampling: SamplingConfig,
+    def _propose_tree(self, root_h: torch.Tensor, k: int, sampling: SamplingConfig,
                       generator: torch.Generator | None) -> Proposal:
         B, device = root_h.shape[0], root_h.device
         last_position = self.kv.n_valid[:, None] - 1  # [B, 1]: the last committed pair's
-        region = TreeRegion(B, self.k, device)
-        node_h = root_h.new_zeros(B, self.k, root_h.shape[-1])  # [B, N, H]: an expanded node's output
+        region = TreeRegion(B, k, device)
+        node_h = root_h.new_zeros(B, k, root_h.shape[-1])  # [B, N, H]: an expanded node's output
 
         def expand(nodes, tokens, parents, depth):  # nodes, tokens, parents [B, e]
             e = nodes.shape[1]
@@ -125,7 +125,7 @@ class EagleDrafter:
             return self._distribution(h, sampling)
 
         raw, q = self._distribution(root_h, sampling)
-        tree = grow_tree(raw, q, expand, self.branches, self.k, self.depth, sampling, generator)
+        tree = grow_tree(raw, q, expand, self.branches, k, self.depth, sampling, generator)
         self.n_drafted = region.n_fed
         n_proposed = torch.full((B,), tree.tokens.shape[1], dtype=torch.long, device=device)
         return Proposal(tokens=tree.tokens, probs=tree.probs, n_proposed=n_proposed, parents=tree.parents)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specexp.core.interface import Context, Drafter, Proposal
+from specexp.core.interface import Context, Drafter, DraftTraits, Proposal
 from specexp.core.kv import RaggedKV, StaticRaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.draft_vocab import sample_draft
@@ -36,7 +36,8 @@ class SharedEarlyExitDrafter:
 
     def __init__(self, target: LoadedModel, head: ExitHead, k: int = 2):
         check_k(k)
-        self.k, self.head = k, head
+        self.head = head
+        self.traits = DraftTraits(k_max=k, models=(head,), shares_target_pass=True)
         self.decoder = target_decoder(target.model)
         self.kv: RaggedKV | StaticRaggedKV | None = None
         self.exit_hidden: torch.Tensor | None = None  # [B, K, H]: layer-L states of tip, x_1..x_{K-1}
@@ -48,13 +49,13 @@ class SharedEarlyExitDrafter:
         self.exit_hidden = None
 
     @torch.inference_mode()
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         B = ctx.tokens.shape[0]
         ones = torch.ones(B, 1, dtype=torch.long, device=ctx.tokens.device)
         mask, position = self.kv.mask, self.kv.n_valid[:, None]  # [B, S], [B, 1]
         x = ctx.tokens.gather(1, ctx.lengths[:, None] - 1)  # [B, 1]: the tip
         tokens, probs, hidden = [], [], []
-        for i in range(self.k):
+        for i in range(k):
             mask = torch.cat([mask, ones], dim=1)  # layers 0..L-1 grow one slot per step
             h = self.decoder.run_layers(self.decoder.embed(x), range(self.head.exit_layer), self.kv, mask,
                                         position + i)  # [B, 1, H]
@@ -65,7 +66,7 @@ class SharedEarlyExitDrafter:
             hidden.append(h)
         self.exit_hidden = torch.cat(hidden, dim=1)
         return Proposal(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1),
-                        n_proposed=torch.full_like(ctx.lengths, self.k))
+                        n_proposed=torch.full_like(ctx.lengths, k))
 
     @torch.inference_mode()
     def target_forward(self, inputs: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import sample_draft
 from specexp.drafts.base import check_k
@@ -31,11 +31,11 @@ class MedusaDrafter:
         if branches == 1 and k > heads.n_heads:
             raise UserInputError(f"draft.k={k} is not allowed for a chain of {heads.n_heads} Medusa heads; give "
                                  f"1..{heads.n_heads} (draft.k_max too with auto), or a tree (draft.branches >= 2)")
-        self.dynamic_tree = True  # with branches > 1, grown by drafts/dynamic_tree.py
-        self.k, self.branches, self.heads = k, branches, heads
+        self.branches, self.heads = branches, heads
         self.depth = min(depth or heads.n_heads, heads.n_heads)
-        self.max_k = heads.n_heads if branches == 1 else None  # a chain: one token per head (profiling asks no more)
-        self.hidden_layers = heads.hidden_layers  # the engine keeps these features in Context.features
+        self.traits = DraftTraits(k_max=k, models=(heads,), branches=branches, grows_trees=branches > 1,
+                                  k_limit=heads.n_heads if branches == 1 else None,  # a chain: one token per head
+                                  hidden_layers=tuple(heads.hidden_layers))
 
     def reset(self, ctx: Context) -> None:
         pass
@@ -47,15 +47,16 @@ class MedusaDrafter:
         return self.heads(features, n_heads)
 
     @torch.inference_mode()
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         if self.branches > 1:
-            return self._propose_tree(ctx, sampling, generator)
-        logits = self._logits(ctx, self.k)  # [B, K, C]
-        draws = [sample_draft(logits[:, i], self.heads.draft_vocab, sampling, generator) for i in range(self.k)]
+            return self._propose_tree(ctx, k, sampling, generator)
+        logits = self._logits(ctx, k)  # [B, K, C]
+        draws = [sample_draft(logits[:, i], self.heads.draft_vocab, sampling, generator) for i in range(k)]
         return Proposal(tokens=torch.stack([x for x, _ in draws], 1), probs=torch.stack([q for _, q in draws], 1),
-                        n_proposed=torch.full_like(ctx.lengths, self.k))
+                        n_proposed=torch.full_like(ctx.lengths, k))
 
-    def _propose_tree(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def _propose_tree(self, ctx: Context, k: int, sampling: SamplingConfig,
+                      generator: torch.Generator | None) -> Proposal:
         logits = self.heads.target_logits(self._logits(ctx, self.depth)).float()  # [B, D, V]
         raw, q = logits.softmax(-1), logits_to_probs(logits, sampling)
 
@@ -63,7 +64,7 @@ class MedusaDrafter:
             e = nodes.shape[1]
             return raw[:, depth, None].expand(-1, e, -1), q[:, depth, None].expand(-1, e, -1)
 
-        tree = grow_tree(raw[:, 0], q[:, 0], expand, self.branches, self.k, self.depth, sampling, generator)
+        tree = grow_tree(raw[:, 0], q[:, 0], expand, self.branches, k, self.depth, sampling, generator)
         n_proposed = torch.full_like(ctx.lengths, tree.tokens.shape[1])
         return Proposal(tokens=tree.tokens, probs=tree.probs, n_proposed=n_proposed, parents=tree.parents)
 

@@ -5,7 +5,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig, sample
 from specexp.drafts.base import check_k, check_min_confidence, warp_distribution
 from specexp.drafts.dynamic_tree import check_tree, grow_tree
@@ -34,8 +34,8 @@ class NgramLMDrafter:
         check_k(k)
         check_min_confidence(min_confidence)
         check_tree(branches, depth, min_confidence)
-        self.dynamic_tree = True  # with branches > 1, grown by drafts/dynamic_tree.py
-        self.k, self.min_confidence, self.branches, self.depth = k, min_confidence, branches, depth
+        self.traits = DraftTraits(k_max=k, branches=branches, grows_trees=branches > 1)
+        self.min_confidence, self.branches, self.depth = min_confidence, branches, depth
         if path is None:
             path = cached_lm(target, order, require_corpus(corpus))
         self.lm = KneserNeyLM.load(path)
@@ -44,16 +44,16 @@ class NgramLMDrafter:
     def reset(self, ctx: Context) -> None:
         pass  # the LM is fixed; each round reads the committed context
 
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         device, n = ctx.tokens.device, self.lm.order - 1
         tokens, start, lengths = ctx.tokens.cpu(), ctx.start.tolist(), ctx.lengths.tolist()
         contexts = [tokens[b, max(start[b], lengths[b] - n) : lengths[b]].tolist() for b in range(len(start))]
         if self.branches > 1:
-            return self._propose_tree(contexts, sampling, generator, device)
+            return self._propose_tree(contexts, k, sampling, generator, device)
         drafted, probs = [], []
         confident = ~ctx.done  # [B]: rows still drafting
         n_proposed = torch.zeros_like(ctx.lengths)
-        for _ in range(self.k):
+        for _ in range(k):
             q_raw = torch.from_numpy(np.stack([self.lm.distribution(c) for c in contexts])).float().to(device)  # [B, V]
             confident = confident & (q_raw.max(-1).values >= self.min_confidence)
             if not bool(confident.any()):
@@ -74,8 +74,8 @@ class NgramLMDrafter:
         raw = torch.from_numpy(np.stack([self.lm.distribution(c) for c in contexts])).float().to(device)
         return raw, warp_distribution(raw, sampling)
 
-    def _propose_tree(self, contexts: list[list[int]], sampling: SamplingConfig, generator: torch.Generator | None,
-                      device: torch.device) -> Proposal:
+    def _propose_tree(self, contexts: list[list[int]], k: int, sampling: SamplingConfig,
+                      generator: torch.Generator | None, device: torch.device) -> Proposal:
         n = self.lm.order - 1
         node_contexts = [{-1: c} for c in contexts]  # per row: node -> its last n tokens
 
@@ -89,7 +89,7 @@ class NgramLMDrafter:
             return raw.view(*nodes.shape, -1), q.view(*nodes.shape, -1)
 
         root_raw, root_q = self._distributions(contexts, sampling, device)
-        tree = grow_tree(root_raw, root_q, expand, self.branches, self.k, self.depth, sampling, generator)
+        tree = grow_tree(root_raw, root_q, expand, self.branches, k, self.depth, sampling, generator)
         n_proposed = torch.full((len(contexts),), tree.tokens.shape[1], dtype=torch.long, device=device)
         return Proposal(tokens=tree.tokens, probs=tree.probs, n_proposed=n_proposed, parents=tree.parents)
 

@@ -9,14 +9,14 @@ that draft's per-batch costs (its reset, a feature draft's hidden states) to the
 
 import torch
 
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
 
 class NoDrafter:
-    k = 0  # the engine never asks for a proposal
+    traits = DraftTraits(k_max=0)  # the engine never asks for a proposal
 
     def __init__(self, target: LoadedModel, k: int = 0):
         if k != 0:
@@ -26,7 +26,7 @@ class NoDrafter:
     def reset(self, ctx: Context) -> None:
         pass
 
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         return Proposal.empty(ctx.tokens.shape[0], self.vocab_size, ctx.tokens.device)
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specexp.core.engine import generate
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.base import check_k, one_hot_proposal
 from specexp.drafts.small_lm import SmallLMDrafter
@@ -52,8 +52,6 @@ def greedy_continuations(forward, target: LoadedModel, prompts: list[list[int]],
 
 
 class OracleDrafter:
-    greedy_only = True  # acceptance is only set by hand when the rule is greedy's
-
     def __init__(self, target: LoadedModel, alpha: float | Sequence[float] = 0.6, k: int = 4, cost_layers: int = 2,
                  cost_hidden: int = 256, seed: int = 0):
         check_k(k)
@@ -64,9 +62,12 @@ class OracleDrafter:
         if cost_layers < 0 or cost_hidden < 1:
             raise UserInputError(f"draft.cost_layers={cost_layers}, draft.cost_hidden={cost_hidden} are not allowed; "
                                  "layers >= 0 (0: a free draft) and hidden >= 1")
-        self.k, self.alphas, self.vocab_size = k, alphas, target.vocab_size
+        self.alphas, self.vocab_size = alphas, target.vocab_size
         self.cost_model = random_llama(target, cost_layers, cost_hidden, seed) if cost_layers else None
         self.cost = SmallLMDrafter(target, self.cost_model, k=k) if self.cost_model is not None else None
+        # acceptance is only set by hand when the rule is greedy's; the study decodes the reference first
+        self.traits = DraftTraits(k_max=k, models=self.cost.traits.models if self.cost else (), greedy_only=True,
+                                  needs_reference=True)
         self.generator = torch.Generator().manual_seed(seed)
         self.reference: dict[tuple, list[int]] = {}
         self.rows: list[list[int]] = []
@@ -91,18 +92,17 @@ class OracleDrafter:
         if self.cost is not None:
             self.cost.reset(ctx)
 
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         if not sampling.greedy:
             raise UserInputError("draft=oracle needs greedy decoding (sampling=greedy): its acceptance is set by hand "
                                  "only when the rule accepts exactly the target's argmax")
         if self.cost is not None:  # the draft's real work, its tokens discarded
-            self.cost.k = self.k
-            self.cost.propose(ctx, sampling, None)
+            self.cost.propose(ctx, k, sampling, None)
         done, start, lengths = ctx.done.tolist(), ctx.start.tolist(), ctx.lengths.tolist()
         found = []
         for b, continuation in enumerate(self.rows):
             generated = lengths[b] - start[b] - self.prompt_lengths[b]
-            right = [] if done[b] else continuation[generated : generated + self.k]
+            right = [] if done[b] else continuation[generated : generated + k]
             wrong = torch.rand(len(right), generator=self.generator).tolist()
             shift = torch.randint(1, self.vocab_size, (len(right),), generator=self.generator).tolist()
             found.append([t if u < self.alpha_at(i) else (t + s) % self.vocab_size

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.base import check_k, committed_tokens, one_hot_proposal, one_hot_tree_proposal, trie
 from specexp.drafts.context_index import ContextIndex
@@ -57,8 +57,9 @@ class PromptLookupDrafter:
         if max_tokens_after_match is None:
             max_tokens_after_match = DEFAULT_CAPS[:max_n]
         self.caps = check_caps(max_tokens_after_match, max_n)
-        self.k, self.max_n, self.min_n, self.choice, self.branches, self.depth = k, max_n, min_n, choice, branches, depth
-        self.groups = max_n + 1  # proposals are grouped by match length 0..max_n (draft.k=auto keeps what pays)
+        self.max_n, self.min_n, self.choice, self.branches, self.depth = max_n, min_n, choice, branches, depth
+        # proposals are grouped by match length 0..max_n (draft.k=auto keeps what pays)
+        self.traits = DraftTraits(k_max=k, branches=branches, proposal_groups=max_n + 1)
         self.vocab_size = target.vocab_size  # q lives on the target's vocabulary
         self.indexes: list[ContextIndex] = []
 
@@ -66,19 +67,19 @@ class PromptLookupDrafter:
         self.indexes = [ContextIndex(self.max_n, self.min_n) for _ in range(ctx.tokens.shape[0])]
         self.update(ctx, None, None)
 
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         done = ctx.done.tolist()
         if self.branches == 1:
-            matches = [(0, []) if done[b] else index.lookup(self.k, self.choice) for b, index in enumerate(self.indexes)]
-            found = [cap_continuation(continuation, n, self.caps, self.k) for n, continuation in matches]
+            matches = [(0, []) if done[b] else index.lookup(k, self.choice) for b, index in enumerate(self.indexes)]
+            found = [cap_continuation(continuation, n, self.caps, k) for n, continuation in matches]
             proposal = one_hot_proposal(found, self.vocab_size, ctx.tokens.device)
             longest = [n for n, _ in matches]
         else:
-            depth = max(self.k - self.branches + 1, 1)  # the first continuation leaves a node for each other one
+            depth = max(k - self.branches + 1, 1)  # the first continuation leaves a node for each other one
             depth = depth if self.depth is None else min(depth, self.depth)
             rows = [[] if done[b] else index.continuations(depth, self.choice, self.branches)
                     for b, index in enumerate(self.indexes)]
-            trees = [trie([cap_continuation(c, n, self.caps, self.k) for n, c in row], self.k) for row in rows]
+            trees = [trie([cap_continuation(c, n, self.caps, k) for n, c in row], k) for row in rows]
             proposal = one_hot_tree_proposal(trees, self.vocab_size, ctx.tokens.device)
             longest = [row[0][0] if row else 0 for row in rows]
         proposal.group = torch.tensor(longest, dtype=torch.long, device=ctx.tokens.device)

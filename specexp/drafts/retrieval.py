@@ -6,7 +6,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig, sample
 from specexp.drafts.base import check_k, check_min_confidence, committed_tokens, stack_proposal, warp_distribution
 from specexp.drafts.context_index import ContextIndex
@@ -29,7 +29,8 @@ class RetrievalDrafter:
                 raise UserInputError(f"draft.{name}={value} is not allowed; it must be an integer >= 1")
         check_min_confidence(min_confidence)
         self.min_confidence = min_confidence  # stop when the empirical top probability falls below it
-        self.k, self.max_match, self.max_occurrences = k, max_match, max_occurrences
+        self.traits = DraftTraits(k_max=k)
+        self.max_match, self.max_occurrences = max_match, max_occurrences
         self.combine_context, self.context_max_n = combine_context, context_max_n
         if path is None:
             path = cached_datastore(target, require_corpus(corpus))
@@ -47,7 +48,7 @@ class RetrievalDrafter:
         that agree with the tokens drafted so far, warped like the target."""
         tokens, probs = [], []
         alive = continuations  # [n, k]
-        for i in range(self.k):
+        for i in range(continuations.shape[1]):
             column = alive[:, i]
             column = column[column != SEPARATOR]
             if len(column) == 0:
@@ -62,19 +63,19 @@ class RetrievalDrafter:
             alive = alive[alive[:, i] == x]
         return tokens, probs
 
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         device, done = ctx.tokens.device, ctx.done.tolist()
         all_tokens, all_probs = [], []
         for b, index in enumerate(self.indexes):
             tokens, probs = [], []
             if not done[b]:
                 m, positions = self.store.longest_match(index.tokens, self.max_match)
-                n_ctx, from_context = index.lookup(self.k) if self.combine_context else (0, [])
+                n_ctx, from_context = index.lookup(k) if self.combine_context else (0, [])
                 if n_ctx > m:  # the context matches longer: a deterministic (one-hot) proposal
                     tokens = from_context
                     probs = list(torch.nn.functional.one_hot(torch.tensor(tokens), self.vocab_size).float().to(device))
                 elif m > 0:
-                    continuations = self.store.continuations(positions[: self.max_occurrences], m, self.k)
+                    continuations = self.store.continuations(positions[: self.max_occurrences], m, k)
                     tokens, probs = self._walk(continuations, sampling, generator, device)
             all_tokens.append(tokens)
             all_probs.append(probs)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import DraftVocab, sample_draft
@@ -83,8 +83,7 @@ class SmallLMDrafter:
         check_k(k)
         check_min_confidence(min_confidence)
         check_tree(branches, depth, min_confidence)
-        self.dynamic_tree = True  # with branches > 1, grown by drafts/dynamic_tree.py
-        self.k, self.min_confidence, self.branches, self.depth = k, min_confidence, branches, depth
+        self.min_confidence, self.branches, self.depth = min_confidence, branches, depth
         if isinstance(model, str):
             model = load_model(model, dtype=dtype, device=device or str(target.model.device))
         check_same_vocabulary(model, target)
@@ -93,6 +92,7 @@ class SmallLMDrafter:
         # (no per-call plumbing, fused projections, a static cache), anything else through its own forward.
         lean = unsupported_reason(self.draft.model) is None
         self.forward_model = lean_decoder(self.draft.model) if lean else self.draft.model
+        self.traits = DraftTraits(k_max=k, models=(self.draft.model,), branches=branches, grows_trees=branches > 1)
         self.vocab_size = target.vocab_size
         self.draft_vocab: DraftVocab | None = model.draft_vocab
         self.kv: RaggedKV | StaticRaggedKV | None = None
@@ -148,23 +148,23 @@ class SmallLMDrafter:
         return ctx.tokens.gather(1, slots.clamp_min(0)), (slots >= ctx.start[:, None]).long()
 
     @torch.inference_mode()
-    def propose(self, ctx: Context, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+    def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         feed, feed_mask = self._feed_pending(ctx)
         if self.branches > 1:
-            return self._propose_tree(ctx, feed, feed_mask, sampling, generator)
+            return self._propose_tree(ctx, k, feed, feed_mask, sampling, generator)
         tokens, probs = [], []
         drafting = torch.ones_like(ctx.done)  # [B]: rows that have not stopped
         n_proposed = torch.zeros_like(ctx.lengths)
         self.n_fed = 0
         x, q, confident = self._step(feed, sampling, generator, feed_mask)
-        for i in range(self.k):
+        for i in range(k):
             drafting = drafting & confident
             if self.min_confidence > 0.0 and not bool(drafting.any()):  # a host sync only when rows can stop
                 break
             tokens.append(x)
             probs.append(q if self.min_confidence == 0.0 else q * drafting[:, None])  # zero q = not proposed
             n_proposed = n_proposed + drafting.long()
-            if i + 1 < self.k:
+            if i + 1 < k:
                 x, q, confident = self._step(x[:, None], sampling, generator)
                 self.n_fed += 1
         if not tokens:
@@ -175,12 +175,12 @@ class SmallLMDrafter:
         """Draft logits [..., V_d] -> [..., V] in the target's ids, -inf for tokens it cannot propose."""
         return align_vocab(logits, self.vocab_size) if self.draft_vocab is None else self.draft_vocab.to_target_logits(logits)
 
-    def _propose_tree(self, ctx: Context, feed: torch.Tensor, feed_mask: torch.Tensor, sampling: SamplingConfig,
-                      generator: torch.Generator | None) -> Proposal:
+    def _propose_tree(self, ctx: Context, k: int, feed: torch.Tensor, feed_mask: torch.Tensor,
+                      sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         B, device = feed.shape[0], feed.device
         root = self._target_logits(self.kv.forward(self.forward_model, self._draft_ids(feed), feed_mask)[:, -1])  # [B, V]
         tip_position = self.kv.n_valid[:, None] - 1  # [B, 1]: the tip is the last token fed
-        region = TreeRegion(B, self.k, device)
+        region = TreeRegion(B, k, device)
 
         def expand(nodes, tokens, parents, depth):  # nodes, tokens, parents [B, e]
             seen = region.add(nodes, parents)
@@ -190,7 +190,7 @@ class SmallLMDrafter:
             logits = self._target_logits(logits)  # [B, e, V]
             return logits.float().softmax(-1), logits_to_probs(logits, sampling)
 
-        tree = grow_tree(root.float().softmax(-1), logits_to_probs(root, sampling), expand, self.branches, self.k,
+        tree = grow_tree(root.float().softmax(-1), logits_to_probs(root, sampling), expand, self.branches, k,
                          self.depth, sampling, generator)
         self.node_slots, self.n_fed = region.slots[:, : tree.tokens.shape[1]], region.n_fed
         n_proposed = torch.full((B,), tree.tokens.shape[1], dtype=torch.long, device=device)

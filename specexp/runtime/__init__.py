@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specexp.core.interface import Drafter
 from specexp.core.kv import StaticRaggedKV
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root, spread_over_devices
@@ -58,7 +59,7 @@ class HFRuntime:
     def target_forward(self, target: LoadedModel) -> tuple[Callable, dict]:
         return target.model, {"name": "hf"}
 
-    def prepare(self, target: LoadedModel, drafter: object | None, rows: Iterable[int]) -> PreparedRuntime:
+    def prepare(self, target: LoadedModel, drafter: Drafter | None, rows: Iterable[int]) -> PreparedRuntime:
         """Set the target and the draft's own models up for a run whose passes have these row
         counts (after the draft is built: its lean decoders are planned too)."""
         forward, record = self.target_forward(target)
@@ -96,7 +97,7 @@ class LeanRuntime(HFRuntime):
         if self.compile_max_tokens < 1:
             raise UserInputError(f"runtime.compile_max_tokens={self.compile_max_tokens} is not allowed; it must be >= 1")
 
-    def prepare(self, target: LoadedModel, drafter: object | None, rows: Iterable[int]) -> PreparedRuntime:
+    def prepare(self, target: LoadedModel, drafter: Drafter | None, rows: Iterable[int]) -> PreparedRuntime:
         """As runtime=hf's, then (fuse_projections=auto) fused or separate projections, whichever
         makes the planned pass faster on this machine."""
         prepared = super().prepare(target, drafter, rows)
@@ -167,15 +168,10 @@ def fusion_pays(decoder: LeanDecoder, rows: list[int], repeats: int = 5) -> bool
     return total[True] <= total[False]
 
 
-def draft_models(drafter: object | None) -> list[nn.Module]:
-    """The models a draft runs: the nn.Modules and LoadedModels among its attributes (a small LM,
-    an exit head). Int8 layers are not nn.Linear and keep their own kernel."""
-    found = []
-    for value in vars(drafter).values() if drafter is not None else ():
-        value = value.model if isinstance(value, LoadedModel) else value
-        if isinstance(value, nn.Module):
-            found.append(value)
-    return found
+def draft_models(drafter: Drafter | None) -> list[nn.Module]:
+    """The models a draft runs, as it declares them (``traits.models``: a small LM, an exit head).
+    Int8 layers are not nn.Linear and keep their own kernel."""
+    return [] if drafter is None else list(drafter.traits.models)
 
 
 def with_decoders(models: list[nn.Module]) -> list[nn.Module]:
