@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 from common import report_header, write_report
 
-from specexp.intervals import fmt_interval, paired_timings
+from specexp.study.intervals import fmt_interval, paired_timings
 
 
 def number(value: float | None) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from common import interleaved_summaries, machine
 
-from specexp import metrics
+from specexp.core import metrics
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench

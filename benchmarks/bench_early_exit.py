@@ -28,7 +28,7 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.early_exit import early_exit_drafter
 from specexp.models import load_embedded_target
-from specexp.plots import optimal_k
+from specexp.reporting.plots import optimal_k
 
 GREEDY = SamplingConfig()
 

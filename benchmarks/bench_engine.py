@@ -25,7 +25,7 @@ from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.models import LoadedModel, first_layers, load_embedded_target
-from specexp.study import run_from_config
+from specexp.study.run import run_from_config
 
 
 @dataclass

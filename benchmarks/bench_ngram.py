@@ -24,7 +24,7 @@ import torch
 from common import decode_hf, decode_ours, machine
 from tqdm import tqdm
 
-from specexp import metrics
+from specexp.core import metrics
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.data import SPEC_BENCH_FILE, encode_prompts, question_jsonl

@@ -17,7 +17,7 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt
 from specexp.models import LoadedModel
 from specexp.runtime.matmul import cpu_model
-from specexp.study import batch_record, round_table, summarize
+from specexp.study.run import batch_record, round_table, summarize
 
 GREEDY = SamplingConfig()
 
@@ -120,8 +120,8 @@ def study_draft(target: LoadedModel, forward, runtime_record: dict, name: str, p
     from hydra.utils import instantiate
 
     from specexp.cli import CONFIG_DIR
-    from specexp.k_choice import make_policy, resolve_draft_k
-    from specexp.profile import PROFILED_K, draft_key, ensure_profile
+    from specexp.costs.k_choice import make_policy, resolve_draft_k
+    from specexp.costs.profile import PROFILED_K, draft_key, ensure_profile
     from specexp.runtime import round_rows
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):

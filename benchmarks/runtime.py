@@ -37,7 +37,7 @@ from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.models import load_embedded_target
-from specexp.report import fmt
+from specexp.reporting.report import fmt
 from specexp.runtime import HFRuntime, LeanRuntime, round_rows
 
 NEEDS_A_MODEL = {"small_lm"}  # draft configs that need a user's draft.model

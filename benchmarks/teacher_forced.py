@@ -40,7 +40,7 @@ from specexp.drafts.medusa_heads import MedusaHeads
 from specexp.drafts.quantize import quantize_linears
 from specexp.models import LoadedModel, load_embedded_target, load_model
 from specexp.ngram.corpus import self_written_prompts
-from specexp.report import markdown_table
+from specexp.output import markdown_table
 
 T07 = SamplingConfig(temperature=0.7)
 SELF_SEED = 1_000_000

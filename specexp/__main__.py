@@ -14,9 +14,9 @@ from omegaconf import DictConfig
 
 from specexp.cli import CONFIG_DIR, missing_value, remove_run_folder, unknown_choice, user_error
 from specexp.errors import UserInputError
-from specexp.report import done_line, print_summary
-from specexp.study import config_hash, run_job
-from specexp.tracking import JobResults
+from specexp.reporting.report import done_line, print_summary
+from specexp.study.run import config_hash, run_job
+from specexp.study.tracking import JobResults
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")

@@ -140,7 +140,7 @@ def test_small_lm_draft_from_a_local_folder(tmp_path):
 
 def test_a_job_that_never_drafted_reports_its_line():
     """draft.k=auto may draft nothing (batch 16 on a CPU): alpha is None and the job still ends well."""
-    from specexp.report import done_line
+    from specexp.reporting.report import done_line
 
     line = done_line("draft.k=auto", {"alpha": None, "tau": 1.0, "speedup": 1.015})
     assert line == "[done] draft.k=auto: alpha=- tau=1.000 speedup=1.015"

@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
-from specexp import cost_model
 from specexp.core.interface import Context, Proposal
 from specexp.core.k_policy import ModelK, expected_tokens
 from specexp.core.tree_policy import TreeK, slot_counts
-from specexp.profile import Profile
-from specexp.study import summarize
+from specexp.costs import cost_model
+from specexp.costs.profile import Profile
+from specexp.study.run import summarize
 from tests.commands import run_module
 
 
@@ -172,8 +172,8 @@ def test_model_k_does_not_ask_a_free_draft_that_cannot_pay():
 def test_a_draft_entry_is_measured_again_when_the_drafts_weights_change(tmp_path, monkeypatch):
     """A head retrained into the same folder keeps its config (the entry's name) but not its
     acceptance: the profile measures its entry again instead of starting K from the old head's."""
-    from specexp import profile as profile_module
     from specexp.core.sampling import SamplingConfig
+    from specexp.costs import profile as profile_module
     from specexp.drafts.small_lm import SmallLMDrafter
     from specexp.models import LoadedModel
     from tests.conftest import tiny_model
@@ -203,8 +203,8 @@ def test_jobs_sharing_the_profile_cache_take_turns(tmp_path, monkeypatch):
     and the later save drops the earlier draft)."""
     import threading
 
-    from specexp import profile as profile_module
     from specexp.core.sampling import SamplingConfig
+    from specexp.costs import profile as profile_module
     from specexp.drafts.small_lm import SmallLMDrafter
     from specexp.models import LoadedModel
     from tests.conftest import tiny_model
@@ -236,7 +236,7 @@ def test_profile_acceptance_counts_follow_the_rule():
     round (finished) count nothing."""
     from types import SimpleNamespace
 
-    from specexp.profile import acceptance_counts
+    from specexp.costs.profile import acceptance_counts
 
     out = SimpleNamespace(n_proposed=torch.tensor([[3, 2], [3, 0]]), n_accepted=torch.tensor([[1, 2], [3, 0]]),
                           active=torch.tensor([[True, True], [True, False]]))
@@ -251,7 +251,7 @@ def test_the_model_curve_passes_within_10_percent_of_a_recorded_sweep():
     """benchmarks/cost_model_k_sweep: experiment=k_sweep as run for benchmarks/cost_model.md (2-core AMD
     EPYC). Each draft's curve (its K = 8 run re-priced at K = 1..8 under the run's profile) against
     the speedup measured at every fixed K of the sweep."""
-    from specexp import figures
+    from specexp.reporting import figures
 
     jobs = figures.study_jobs([RECORDED_SWEEP])
     model, label = figures.model_curves(jobs)

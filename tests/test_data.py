@@ -7,7 +7,7 @@ import pytest
 
 from specexp.data import Prompt, _subset, mt_bench, prompts_from_dataset, question_jsonl, spec_bench
 from specexp.errors import UserInputError
-from specexp.study import make_batches
+from specexp.study.run import make_batches
 
 
 def test_mt_bench_has_80_questions_in_8_categories():

@@ -174,7 +174,7 @@ def default_pair():
     from hydra import compose, initialize_config_dir
 
     from specexp.cli import CONFIG_DIR
-    from specexp.k_choice import build_draft
+    from specexp.costs.k_choice import build_draft
     from specexp.models import load_embedded_target
 
     target = load_embedded_target("float32", "cpu")

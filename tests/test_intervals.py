@@ -1,5 +1,5 @@
-"""Intervals on every headline number (specexp.intervals), the timing passes that narrow the
-speedup's (specexp.timing), and the A/A control (draft=none) they are checked on.
+"""Intervals on every headline number (specexp.study.intervals), the timing passes that narrow the
+speedup's (specexp.study.timing), and the A/A control (draft=none) they are checked on.
 
 Coverage tests repeat a whole measurement over seeds and count how often its 95% interval holds
 the truth. Each states its false-failure probability for a correct build; the seeds are fixed,
@@ -14,15 +14,15 @@ import pandas as pd
 import pytest
 import torch
 
-from specexp import intervals, timing
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt
 from specexp.drafts.none import NoDrafter
 from specexp.drafts.oracle import OracleDrafter, greedy_continuations
-from specexp.study import Study, round_table, run_study
-from specexp.timing import TimingSettings
-from specexp.tracking import JobResults, NullTracker
+from specexp.study import intervals, timing
+from specexp.study.run import Study, round_table, run_study
+from specexp.study.timing import TimingSettings
+from specexp.study.tracking import JobResults, NullTracker
 from tests.conftest import tiny_model
 
 NO_EOS = [10**6]

@@ -1,6 +1,7 @@
 """Layers point one way: core/ (the rule, sampling, the round loop, the draft contract) imports
 nothing above it, and loading models needs no draft strategy."""
 
+import ast
 import subprocess
 import sys
 
@@ -26,3 +27,73 @@ def test_core_imports_nothing_above_it():
 @pytest.mark.parametrize("module", ["specexp.models", "specexp.data", "specexp.runtime"])
 def test_models_data_and_runtime_need_no_draft_strategy(module):
     assert not {m for m in loaded_specexp_modules(module) if m.startswith(("specexp.drafts", "specexp.distill"))}
+
+
+# specexp's packages and top-level modules, lowest first: each imports only from its own layer or below.
+LAYERS = [
+    {"errors", "output", "cli"},  # leaves: one-line errors, whole-file writes and tables, the commands' helpers
+    {"core"},  # the rule, sampling, the KV cache, the round loop, the draft contract, the metrics
+    {"draft_vocab"},
+    {"models", "data"},  # loading targets, drafts' weights and prompt sets
+    {"runtime"},  # how a model's step runs
+    {"ngram"},  # the corpus drafts' data structures
+    {"drafts"},  # the draft strategies
+    {"costs"},  # the hardware profile, the cost model, draft.k's policies
+    {"study", "distill"},  # one run of a study; training drafts
+    {"reporting"},  # collecting, tables, figures, re-pricing, the dashboard
+    {"__main__", "profile", "collect", "figures", "predict", "dashboard"},  # the commands
+]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """specexp's modules -> the specexp modules each imports anywhere in its file (lazy imports too)."""
+    root = REPO / "specexp"
+
+    def name(path):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    files = {name(p): p for p in root.rglob("*.py")}
+    graph = {}
+    for module, path in files.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specexp"):
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("specexp.")}
+        graph[module] = {d for d in deps if d in files and d != module}
+    return graph
+
+
+def unit(module: str) -> str:
+    """specexp.costs.profile -> costs; specexp.cli -> cli."""
+    return module.split(".")[1] if "." in module else module
+
+
+def test_no_import_circle_anywhere():
+    graph = import_graph()
+    finished, on_path = set(), []
+
+    def visit(module):
+        on_path.append(module)
+        for dep in sorted(graph[module]):
+            assert dep not in on_path, "import circle: " + " -> ".join(on_path[on_path.index(dep):] + [dep])
+            if dep not in finished:
+                visit(dep)
+        on_path.pop()
+        finished.add(module)
+
+    for module in sorted(graph):
+        if module not in finished:
+            visit(module)
+
+
+def test_every_import_points_down_the_layers():
+    rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    graph = import_graph()
+    units = {unit(m) for m in graph} - {"specexp"}
+    assert units <= set(rank), f"place these in LAYERS: {sorted(units - set(rank))}"
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                    if unit(m) != "specexp" and rank[unit(d)] > rank[unit(m)])
+    assert not upward, f"imports that point up the layers: {upward}"

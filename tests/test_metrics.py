@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specexp import metrics
-from specexp.study import summarize
+from specexp.core import metrics
+from specexp.study.run import summarize
 
 
 def test_acceptance_curve_is_conditional_per_position():

@@ -12,8 +12,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from specexp.cli import CONFIG_DIR, missing_value
+from specexp.costs.k_choice import build_draft
 from specexp.errors import UserInputError
-from specexp.k_choice import build_draft
 from specexp.ngram import cached
 from specexp.ngram.corpus import PACKAGED_TEXTS, packaged_text
 from tests.commands import run_specexp

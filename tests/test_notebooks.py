@@ -65,7 +65,7 @@ def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, monkeypatch, request
 
 def check_figures_on_real_results(name: str, sweep: Path) -> None:
     """The plotting functions on this real sweep draw the series its factors call for."""
-    from specexp import figures, plots
+    from specexp.reporting import figures, plots
 
     if name == "distill_ablation":
         ax = plots.distillation_curves(figures.distillation_history([sweep])).axes[0]

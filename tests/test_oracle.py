@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from specexp import metrics
+from specexp.core import metrics
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.oracle import OracleDrafter, greedy_continuations

@@ -61,7 +61,7 @@ def test_launchers_and_loggers_compose(launcher, logger):
         cfg = compose("config", overrides=["experiment=k_sweep", f"hydra/launcher={launcher}", f"logger={logger}"],
                       return_hydra_config=True)
     assert cfg.hydra.launcher._target_.startswith("hydra")
-    assert cfg.logger._target_.startswith("specexp.tracking.")
+    assert cfg.logger._target_.startswith("specexp.study.tracking.")
 
 
 @pytest.mark.default_target
@@ -87,7 +87,7 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
             "headline.tex"} <= made
     assert "skipped temperature_effect: needs 2 or more temperatures" in out.stdout
     # The plotting functions on the real tables: a series per draft of the sweep, its model curve and best K.
-    from specexp import figures, plots
+    from specexp.reporting import figures, plots
 
     jobs = figures.study_jobs([sweep])
     drafts = {"prompt_lookup", "target_prefix", "distilled", "eagle", "medusa"}
@@ -225,7 +225,7 @@ def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path)
     out = run_module("specexp.figures", str(sweep), "--out", str(tmp_path / "figures"))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "figures" / "exit_layer_effect.pdf").exists()
-    from specexp import figures, plots
+    from specexp.reporting import figures, plots
 
     jobs = figures.study_jobs([sweep])
     assert set(jobs["draft"]) == {"early_exit/untrained/shared", "early_exit/trained/shared"}
@@ -259,7 +259,7 @@ def test_smoke_tree_sweep_runs_records_depths_and_plots(tmp_path):
     out = run_module("specexp.figures", str(sweep), "--out", str(tmp_path / "figures"))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "figures" / "tree_budget.pdf").exists()
-    from specexp import figures
+    from specexp.reporting import figures
 
     jobs = figures.study_jobs([sweep])
     assert set(jobs["branches"]) == {1, 2} and jobs[["accepted_per_pass", "nodes_per_pass"]].notna().all().all()

@@ -13,7 +13,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from specexp.report import markdown_table
+from specexp.output import markdown_table
 
 
 def read_run(folder: Path) -> dict | None:

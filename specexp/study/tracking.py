@@ -9,13 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from specexp.output import write_atomic
+
 log = logging.getLogger(__name__)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 RESULT_FILES = ("config.yaml", "answers.jsonl", "rounds.parquet", "batches.parquet", "profile.json", "summary.json",
@@ -157,7 +153,7 @@ class WandbTracker:
                 [cat, v["alpha"], v["tau"], v["speedup"]] for cat, v in (summary.get("per_category") or {}).items()])
             sample = rounds.sample(min(len(rounds), self.max_table_rows), random_state=0) if len(rounds) else rounds
             texts = [[a["prompt_id"], a["category"], a["spec_text"], a["ar_text"], a["identical"]] for a in answers]
-            # History rows that let panels draw lines across runs (specexp.dashboard): one with the
+            # History rows that let panels draw lines across runs (specexp.reporting.dashboard): one with the
             # headline numbers at x = k, then one per draft position at x = position.
             self.run.log({"k": summary["k"], **{key: summary[key] for key in HEADLINE_KEYS if summary.get(key) is not None},
                           **interval_keys(summary)})

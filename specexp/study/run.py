@@ -21,20 +21,22 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specexp import cost_model, intervals, metrics, timing
+from specexp.core import metrics
 from specexp.core.engine import GenerationOutput, generate
 from specexp.core.interface import Drafter
 from specexp.core.k_policy import KPolicy
 from specexp.core.sampling import SamplingConfig
+from specexp.costs import cost_model
+from specexp.costs.k_choice import build_draft, make_policy
+from specexp.costs.profile import PROFILED_K, Profile, draft_key, ensure_profile, load_profile
 from specexp.data import Prompt, encode_prompts
 from specexp.drafts.oracle import greedy_continuations
 from specexp.errors import UserInputError
-from specexp.k_choice import build_draft, make_policy
 from specexp.models import LoadedModel
-from specexp.profile import PROFILED_K, Profile, draft_key, ensure_profile, load_profile
 from specexp.runtime import round_rows
-from specexp.timing import TimingSettings
-from specexp.tracking import JobResults
+from specexp.study import intervals, timing
+from specexp.study.timing import TimingSettings
+from specexp.study.tracking import JobResults
 
 WARMUP_TOKENS = 8  # per arm, on the first batch, before anything is timed
 
@@ -163,8 +165,8 @@ def batch_record(out: GenerationOutput, mode: str, batch: int, category: str | N
 def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_category: bool = True,
               profile: Profile | None = None, draft: str = "", rng: np.random.Generator | None = None,
               resamples: int = intervals.RESAMPLES) -> dict:
-    """Headline metrics of one run, each defined in specexp.metrics or in the comment here, with 95%
-    bootstrap intervals (specexp.intervals). ``batches`` holds every timing (repeats included);
+    """Headline metrics of one run, each defined in specexp.core.metrics or in the comment here, with 95%
+    bootstrap intervals (specexp.study.intervals). ``batches`` holds every timing (repeats included);
     ``rounds`` what the first pass decoded."""
     rng = rng if rng is not None else np.random.default_rng(0)
     spec, ar = rounds[rounds["mode"] == "spec"], rounds[rounds["mode"] == "ar"]
@@ -215,7 +217,7 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
         "cost_ratio_c": c,
         # verify cost: seconds of a speculative target pass (K+1 tokens) / one AR step.
         "verify_cost_ratio": metrics.safe_ratio(spec_rounds["target_s"].mean(), ar_step_s),
-        # The cost model's (specexp.cost_model): per-position acceptance, this machine's profile.
+        # The cost model's (specexp.costs.cost_model): per-position acceptance, this machine's profile.
         **predicted,
         "realized_over_predicted": metrics.safe_ratio(speedup, predicted["predicted_speedup"])
         if speedup and predicted["predicted_speedup"] else None,
@@ -265,7 +267,7 @@ def _answer_rows(
 
 def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -> dict:
     """Decode every batch with the AR baseline and the draft, then time the same work again until
-    the speedup's interval is narrow enough (specexp.timing); write results as batches finish."""
+    the speedup's interval is narrow enough (specexp.study.timing); write results as batches finish."""
     target, drafter = study.target, study.drafter
     eos, pad = target.eos_token_ids, target.pad_token_id
 

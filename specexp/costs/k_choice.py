@@ -11,8 +11,8 @@ from omegaconf import DictConfig, open_dict
 from specexp.core.interface import Drafter
 from specexp.core.k_policy import HeuristicK, KPolicy, ModelK
 from specexp.core.tree_policy import TreeK
+from specexp.costs.profile import Profile
 from specexp.errors import UserInputError
-from specexp.profile import Profile
 
 POLICIES = ("auto", "heuristic")
 DEFAULT_K_MAX = 8

@@ -2,11 +2,10 @@
 
 from pathlib import Path
 
-import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from specexp.intervals import fmt_interval
+from specexp.study.intervals import fmt_interval
 
 
 def fmt(value) -> str:
@@ -28,16 +27,6 @@ def with_interval(summary: dict, key: str) -> str:
 def done_line(label: str, summary: dict) -> str:
     """A multirun job's one line: alpha, tau and speedup with their intervals ('-' for alpha when nothing was drafted)."""
     return f"[done] {label}: " + " ".join(f"{key}={with_interval(summary, key)}" for key in ("alpha", "tau", "speedup"))
-
-
-def markdown_table(table: pd.DataFrame, digits: int = 3) -> str:
-    """A DataFrame as a GitHub markdown table (floats to `digits` places, missing as '-')."""
-    def cell(v) -> str:
-        return f"{v:.{digits}f}" if isinstance(v, float) and v == v else ("-" if v is None or v != v else str(v))
-
-    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
 
 
 def print_summary(summary: dict, out_dir: Path | None = None, console: Console | None = None) -> None:

@@ -13,7 +13,7 @@ are reproducible from its seed.
 import numpy as np
 import pandas as pd
 
-from specexp import metrics
+from specexp.core import metrics
 from specexp.core.k_policy import position_counts
 
 CONFIDENCE = 0.95

@@ -1,6 +1,6 @@
 """Paper figures from collected sweep tables (seaborn + matplotlib).
 
-Every function takes DataFrames made by `specexp.collect` / `specexp.figures` and returns a
+Every function takes DataFrames made by `specexp.reporting.collect` / `specexp.reporting.figures` and returns a
 matplotlib Figure; none saves or shows. Inputs:
 - `jobs`: one row per job (`choice.draft`, `cfg.draft.k`, `alpha`, `cost_ratio_c`, `speedup`, ...);
 - `prompts`: one row per (job, prompt) (`per_prompt_table`), for intervals over prompts;
@@ -18,8 +18,8 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
-from specexp import metrics
-from specexp.cost_model import best_speedup_on
+from specexp.core import metrics
+from specexp.costs.cost_model import best_speedup_on
 
 COLUMN_WIDTH_IN = 3.3  # one column of a two-column paper
 # Fixed draft order -> fixed colours: a draft keeps its colour in every figure of a paper.
@@ -58,7 +58,7 @@ def optimal_k(a: float, c: float, k_max: int = 32) -> int:
 
 
 def interval_errors(rows: pd.DataFrame, metric: str) -> np.ndarray | None:
-    """Error bars [2, n] (below, above) from the jobs' 95% intervals (`METRIC_ci95_lo/hi`, specexp.collect);
+    """Error bars [2, n] (below, above) from the jobs' 95% intervals (`METRIC_ci95_lo/hi`, specexp.reporting.collect);
     None when the table has none (jobs written before intervals)."""
     lo, hi = f"{metric}_ci95_lo", f"{metric}_ci95_hi"
     if lo not in rows or rows[lo].isna().all():
@@ -92,7 +92,7 @@ def speedup_vs_k(jobs: pd.DataFrame, prompts: pd.DataFrame | None = None, model:
                  model_label: str | None = None) -> Figure:
     """Measured speedup per K with each job's 95% interval (`speedup_ci95`: batches and repeated
     timings; for tables without it, the mean and 95% CI over `prompts`, else the job totals), the
-    calibrated model's curve per draft (`model`: draft, k, speedup; `specexp.cost_model` priced
+    calibrated model's curve per draft (`model`: draft, k, speedup; `specexp.costs.cost_model` priced
     with the runs' hardware profile, named by `model_label`), its best K starred, and Leviathan
     et al.'s i.i.d. curve from the measured alpha and c, dashed."""
     fig, (ax,) = _figure()

@@ -1,0 +1,273 @@
+"""`python -m specexp.figures PATH [PATH ...] [--out DIR]`: every paper figure a sweep supports.
+
+Reads sweep folders (multirun/NAME) or run folders: study jobs (summary.json +
+rounds.parquet) and distillation runs (result.json + metrics.jsonl). Writes each figure as
+vector PDF and PNG, the headline numbers as markdown and LaTeX (booktabs), and says which
+figures it skipped and why.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on clusters or in CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from specexp.core import metrics  # noqa: E402
+from specexp.costs import cost_model  # noqa: E402
+from specexp.costs.profile import Profile  # noqa: E402
+from specexp.distill.collect import collect as collect_distillation  # noqa: E402
+from specexp.output import markdown_table  # noqa: E402
+from specexp.reporting import plots  # noqa: E402
+from specexp.reporting.collect import collect  # noqa: E402
+
+
+def study_jobs(paths: list[Path]) -> pd.DataFrame:
+    """Finished study jobs with short column names: draft, k, temperature, batch_size, metrics."""
+    table = collect(paths)
+    if table.empty or "status" not in table or "alpha" not in table:
+        return pd.DataFrame()
+    table = table[table["status"] == "ok"].copy()
+    table["draft"] = early_exit_labels(table)
+    table["exit_layer"] = table["cfg.draft.exit_layer"] if "cfg.draft.exit_layer" in table else None
+    table["k_label"] = table["cfg.draft.k"].astype(str)  # a number, or auto / heuristic
+    table["k"] = pd.to_numeric(table["cfg.draft.k"], errors="coerce")  # NaN where a policy chose K
+    table["temperature"] = table["cfg.sampling.temperature"].astype(float)
+    table["batch_size"] = table["cfg.batch_size"].astype(int)
+    # children per expanded node (1: a chain; drafts without trees are chains)
+    branches = table["cfg.draft.branches"] if "cfg.draft.branches" in table else pd.Series(1, index=table.index)
+    table["branches"] = pd.to_numeric(branches, errors="coerce").fillna(1).astype(int)
+    mean_k = table["mean_k"] if "mean_k" in table else table["k"]
+    table["alpha_equivalent"] = [cost_model.equivalent_alpha(tau, k) if pd.notna(tau) and pd.notna(k) and k > 0 else None
+                                 for tau, k in zip(table["tau"], mean_k.fillna(table["k"]), strict=True)]
+    return table.reset_index(drop=True)
+
+
+def job_profile(job_path: str | Path) -> Profile | None:
+    """The hardware profile a job was priced with (its folder keeps a copy), if any."""
+    path = Path(job_path) / "profile.json"
+    return Profile.load(path) if path.is_file() else None
+
+
+def profile_label(profile: Profile) -> str:
+    """What a caption says of a profile: the processor (or GPU), its batch size and runtime."""
+    device = profile.key.get("gpu") or profile.key.get("cpu", "unknown").split(" [")[0]
+    return f"{device}, batch {profile.key.get('batch_size')}, runtime {profile.key.get('runtime', {}).get('name')}"
+
+
+def model_curves(jobs: pd.DataFrame, profile: Profile | None = None) -> tuple[pd.DataFrame, str | None]:
+    """The calibrated model's speedup at K = 1..K_max per draft: its run at the largest fixed K
+    re-priced with its first K tokens a round kept (`cost_model.predict_run(limit=K)`), under its
+    own profile (or ``profile``). Drafts whose runs kept no profile or rounds are left out."""
+    rows, label = [], None
+    for draft, group in jobs.dropna(subset=["k"]).groupby("draft"):
+        reference = group.loc[group["k"].idxmax()]
+        folder = Path(reference["path"])
+        priced_with = profile or job_profile(folder)
+        if priced_with is None or not (folder / "batches.parquet").is_file():
+            continue
+        rounds, batches = pd.read_parquet(folder / "rounds.parquet"), pd.read_parquet(folder / "batches.parquet")
+        name = json.loads((folder / "summary.json").read_text()).get("draft_profile")  # the draft's entry
+        if name not in priced_with.drafts:
+            continue
+        spec, ar = rounds[rounds["mode"] == "spec"], rounds[rounds["mode"] == "ar"]
+        for k in range(1, int(group["k"].max()) + 1):
+            predicted = cost_model.predict_run(spec, ar, batches, int(reference["k"]), priced_with, name, limit=k)
+            rows.append({"draft": draft, "k": k, "speedup": predicted["predicted_speedup"]})
+        label = profile_label(priced_with)
+    return pd.DataFrame(rows), label
+
+
+def early_exit_labels(table: pd.DataFrame) -> pd.Series:
+    """The draft choice per job; early-exit drafts as early_exit/HEAD/MODE, since the head
+    (untrained, trained, or a custom folder) and the mode change what is being measured."""
+    labels = table["choice.draft"].copy()
+    early = labels == "early_exit"
+    if early.any():
+        head = table.loc[early, "cfg.draft.head"].astype(str)
+        head = head.where(head.isin(["untrained", "trained"]), "custom")
+        labels[early] = "early_exit/" + head + "/" + table.loc[early, "cfg.draft.mode"].astype(str)
+    return labels
+
+
+def wandb_jobs(project: str, group: str | None = None) -> pd.DataFrame:
+    """The same job table from W&B runs (`logger=wandb`): summary metrics + the config's draft,
+    K, temperature and batch size. Needs network access and `wandb login`."""
+    import wandb
+
+    rows = []
+    for run in wandb.Api().runs(project, filters={"group": group} if group else None):
+        config, summary = run.config, dict(run.summary)
+        k = config["draft"]["k"]  # a number, or auto / heuristic
+        rows.append({"draft": run.job_type, "k": int(k) if str(k).isdigit() else None, "k_label": str(k),
+                     "branches": int(config["draft"].get("branches", 1)),
+                     "temperature": float(config["sampling"]["temperature"]), "batch_size": int(config["batch_size"]),
+                     **{k: v for k, v in summary.items() if isinstance(v, int | float) and not k.startswith("_")}})
+    return pd.DataFrame(rows)
+
+
+def per_prompt_table(jobs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (job, prompt): its alpha, tau and decode-time speedup over AR.
+
+    Per-prompt time is the sum of its rounds' draft, target and verify seconds (prefill
+    excluded; rounds of a batch are shared by its rows).
+    """
+    rows = []
+    for job in jobs.itertuples():
+        rounds = pd.read_parquet(Path(job.path) / "rounds.parquet")
+        rounds["seconds"] = rounds["draft_s"] + rounds["target_s"] + rounds["verify_s"]
+        for prompt_id, r in rounds.groupby("prompt_id"):
+            spec, ar = r[r["mode"] == "spec"], r[r["mode"] == "ar"]
+            spec_rate = metrics.safe_ratio(spec["emitted"].sum(), spec["seconds"].sum())
+            ar_rate = metrics.safe_ratio(ar["emitted"].sum(), ar["seconds"].sum())
+            rows.append({"draft": job.draft, "k": job.k, "temperature": job.temperature, "batch_size": job.batch_size,
+                         "prompt_id": prompt_id, "category": r["category"].iloc[0],
+                         "alpha": metrics.alpha(metrics.positions(spec), spec["accepted"].to_numpy()),
+                         "tau": metrics.tau(spec["emitted"].to_numpy()),
+                         "speedup": metrics.safe_ratio(spec_rate, ar_rate) if spec_rate and ar_rate else None})
+    return pd.DataFrame(rows)
+
+
+def acceptance_by_position(jobs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (job, prompt, draft position i): P(accept i | 1..i-1 accepted) on that prompt."""
+    rows = []
+    for job in jobs.itertuples():
+        rounds = pd.read_parquet(Path(job.path) / "rounds.parquet")
+        spec = rounds[rounds["mode"] == "spec"]
+        for prompt_id, r in spec.groupby("prompt_id"):
+            curve = metrics.acceptance_curve(metrics.positions(r), r["accepted"].to_numpy(), int(job.k_max))
+            rows += [{"draft": job.draft, "k": job.k, "prompt_id": prompt_id, "position": i + 1, "acceptance": a}
+                     for i, a in enumerate(curve) if a is not None]
+    return pd.DataFrame(rows)
+
+
+def distillation_history(paths: list[Path]) -> pd.DataFrame:
+    """One row per (distillation run, validation), with the run's overrides as columns."""
+    frames = []
+    for path in paths:
+        runs = collect_distillation(path)
+        for run in runs.to_dict("records"):
+            history = pd.DataFrame(run.pop("history"))
+            if not history.empty:
+                frames.append(history.assign(**{k: v for k, v in run.items() if not isinstance(v, list)}))
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if not table.empty and "objective" not in table:
+        table["objective"] = "default"
+    return table
+
+
+def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[[], plt.Figure] | None, str]]:
+    """(figure name, how to draw it or None, why it is skipped)."""
+    has_jobs = not jobs.empty
+    ks = jobs.groupby("draft")["k"].nunique().max() if has_jobs else 0
+    categories = [c for c in jobs.columns if c.startswith("tau.")] if has_jobs else []
+
+    def when(condition: bool, draw: Callable[[], plt.Figure], why: str):
+        return (draw, "") if condition else (None, why)
+
+    no_jobs = "no finished study jobs (summary.json + rounds.parquet)"
+    return [
+        ("acceptance_curve", *when(has_jobs and bool((jobs.get("k_max", jobs.get("k")) >= 1).any()),
+                                   lambda: plots.acceptance_curve(acceptance_by_position(jobs)), no_jobs)),
+        ("speedup_vs_k", *when(ks >= 2, lambda: plots.speedup_vs_k(jobs, per_prompt_table(jobs), *model_curves(jobs)),
+                               "needs a draft measured at 2 or more K (experiment=k_sweep)")),
+        ("tree_budget", *when(has_jobs and (jobs["branches"] > 1).any() and jobs["k"].nunique() >= 2,
+                              lambda: plots.tree_budget(jobs),
+                              "needs token trees (draft.branches > 1) at 2 or more node budgets (experiment=tree_sweep)")),
+        ("cost_quality_plane", *when(has_jobs and jobs["cost_ratio_c"].notna().any(),
+                                     lambda: plots.cost_quality_plane(jobs, *plane_pricing(jobs)),
+                                     no_jobs + " with a measured c")),
+        ("realized_vs_predicted", *when(has_jobs and "predicted_speedup" in jobs and jobs["predicted_speedup"].notna().any(),
+                                        lambda: plots.realized_vs_predicted(jobs),
+                                        no_jobs + " priced by the cost model (predicted_speedup)")),
+        ("tau_by_category", *when(len(categories) >= 2, lambda: plots.category_heatmap(jobs, "tau"),
+                                  "needs per-category results in 2 or more categories")),
+        ("temperature_effect", *when(has_jobs and jobs["temperature"].nunique() >= 2,
+                                     lambda: plots.effect_of(jobs, "temperature", "temperature"),
+                                     "needs 2 or more temperatures (experiment=temperature_sweep)")),
+        ("batch_effect", *when(has_jobs and jobs["batch_size"].nunique() >= 2,
+                               lambda: plots.effect_of(jobs, "batch_size", "batch size"),
+                               "needs 2 or more batch sizes (experiment=batch_sweep)")),
+        ("exit_layer_effect", *when(has_jobs and jobs["exit_layer"].nunique() >= 2,
+                                    lambda: plots.effect_of(jobs.dropna(subset=["exit_layer"]), "exit_layer", "exit layer L"),
+                                    "needs 2 or more exit layers (experiment=exit_layer_sweep)")),
+        ("distillation_alpha", *when(not history.empty, lambda: plots.distillation_curves(
+            history, style="student" if history.get("student", pd.Series(dtype=str)).nunique() > 1 else None),
+                                     "no distillation runs (result.json + metrics.jsonl)")),
+    ]
+
+
+def plane_pricing(jobs: pd.DataFrame, k_max: int = 16) -> tuple:
+    """T(n)/T(1) for n = 1..k_max+1, the bookkeeping in AR passes, and the label of the first job's
+    profile (at the median context its rounds ran at); nothing without one (Leviathan's plane)."""
+    for path in jobs["path"]:
+        profile = job_profile(path)
+        if profile is not None:
+            context = float(pd.read_parquet(Path(path) / "rounds.parquet")["context"].median())
+            passes = profile.pass_s(np.arange(1, k_max + 2), context)
+            return passes / passes[0], profile.overhead_s / passes[0], profile_label(profile)
+    return None, 0.0, None
+
+
+def write_headline(jobs: pd.DataFrame, out: Path) -> None:
+    table = plots.headline_table(jobs)
+    (out / "headline.md").write_text(markdown_table(table))
+    latex = table.style.hide(axis="index").format(precision=3, na_rep="--").to_latex(hrules=True)  # booktabs rules
+    (out / "headline.tex").write_text(latex)
+
+
+def make_figures(paths: list[Path], out: Path) -> tuple[list[str], dict[str, str]]:
+    """Writes what the data supports under out; returns (written files, {skipped figure: why})."""
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"'{missing[0]}' does not exist")
+    jobs, history = study_jobs(paths), distillation_history(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    plots.paper_theme()
+    written, skipped = [], {}
+    for name, draw, why in plan(jobs, history):
+        if draw is None:
+            skipped[name] = why
+            continue
+        fig = draw()
+        for suffix in ("pdf", "png"):
+            fig.savefig(out / f"{name}.{suffix}")
+            written.append(f"{name}.{suffix}")
+        plt.close(fig)
+    if jobs.empty:
+        skipped["headline table"] = "no finished study jobs"
+    else:
+        write_headline(jobs, out)
+        written += ["headline.md", "headline.tex"]
+    return written, skipped
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specexp.figures", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
+    parser.add_argument("--out", type=Path, default=None, help="where figures go (default: FIRST_PATH/figures)")
+    args = parser.parse_args(argv)
+    try:
+        written, skipped = make_figures(args.paths, args.out or args.paths[0] / "figures")
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}")
+    if not written:
+        print(f"error: nothing to plot under {', '.join(map(str, args.paths))}: no finished study jobs or distillation "
+              "runs", file=sys.stderr)
+        sys.exit(2)
+    print(f"wrote {len(written)} files to {args.out or args.paths[0] / 'figures'}: {', '.join(written)}")
+
+
+if __name__ == "__main__":
+    main()
