@@ -170,5 +170,18 @@ DRAFT_KINDS = {
 }
 
 
+# The exactness grid's case for each shipped draft config (the registry: conf/draft/NAME.yaml); a new
+# draft's YAML needs a case here (tests/test_exactness.py fails until it has one), or a reason below.
+GRID_CASE_OF_CONFIG = {
+    "small_lm": "disagree", "target_prefix": "target_prefix", "distilled": "distilled_like",
+    "distilled_confident": "distilled_like", "prompt_lookup": "prompt_lookup", "ngram_lm": "ngram_lm",
+    "retrieval": "retrieval", "early_exit": "early_exit_shared", "eagle": "eagle", "medusa": "medusa",
+}
+NOT_IN_THE_SAMPLED_GRID = {
+    "none": "never proposes: test_intervals.py::test_the_no_draft_never_proposes",
+    "oracle": "greedy only (traits.greedy_only): test_oracle.py checks its greedy identity",
+}
+
+
 def make_drafter(kind: str, target: LoadedModel, other: LoadedModel, k: int, files: dict[str, str]) -> Drafter:
     return DRAFT_KINDS[kind](target, other, k, files)

@@ -27,7 +27,7 @@ from specexp.core import engine
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.core.verify import tree_verify
 from tests.conftest import build_ngram_files, tiny_model
-from tests.drafters import DRAFT_KINDS, make_drafter
+from tests.drafters import DRAFT_KINDS, GRID_CASE_OF_CONFIG, NOT_IN_THE_SAMPLED_GRID, make_drafter
 from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, grouped_chi_square
 
 V = 8
@@ -57,6 +57,15 @@ def quick(i: int, j: int) -> bool:
 
 CI_CASES = [pytest.param(*case, marks=() if quick(n // len(KS), n % len(KS)) else pytest.mark.slow)
             for n, case in enumerate(CASES)]
+
+
+def test_every_shipped_draft_is_in_the_grid():
+    """The registry of drafts (conf/draft/*.yaml) against the grid: each config has a case that CI runs."""
+    from specexp.reporting.plots import known_drafts
+
+    assert set(known_drafts()) == set(GRID_CASE_OF_CONFIG) | set(NOT_IN_THE_SAMPLED_GRID)
+    ci_kinds = {param.values[0] for param in CI_CASES if not param.marks}
+    assert set(GRID_CASE_OF_CONFIG.values()) <= ci_kinds
 
 
 @pytest.fixture(scope="module")

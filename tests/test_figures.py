@@ -215,3 +215,14 @@ def test_jobs_with_intervals_get_error_bars_and_the_headline_says_them(synthetic
     for draft in DRAFTS:
         lo, hi = best.loc[draft, "speedup_ci95_lo"], best.loc[draft, "speedup_ci95_hi"]
         assert table.loc[draft, "speedup 95% CI"] == f"[{lo:.3f}, {hi:.3f}]"
+
+
+def test_every_registered_draft_and_its_variants_get_their_own_colour():
+    from specexp.reporting.plots import known_drafts
+
+    registered = known_drafts()
+    assert {"eagle", "medusa", "oracle", "early_exit", "prompt_lookup"} <= set(registered)
+    labels = registered + ["early_exit/trained/shared", "early_exit/untrained/naive", "my_new_draft"]
+    palette = plots.draft_palette(labels)
+    assert set(palette) == set(labels) and len(set(palette.values())) == len(labels)
+    assert plots.draft_palette(["eagle"])["eagle"] == palette["eagle"]  # stable whatever else is in the figure

@@ -9,6 +9,8 @@ matplotlib Figure; none saves or shows. Inputs:
 """
 
 from collections.abc import Iterable
+from itertools import groupby
+from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -18,12 +20,16 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
+from specexp.cli import CONFIG_DIR
 from specexp.core import metrics
 from specexp.costs.cost_model import best_speedup_on
 
 COLUMN_WIDTH_IN = 3.3  # one column of a two-column paper
 # Fixed draft order -> fixed colours: a draft keeps its colour in every figure of a paper.
-KNOWN_DRAFTS = ("prompt_lookup", "ngram_lm", "retrieval", "small_lm", "target_prefix", "distilled", "early_exit")
+def known_drafts() -> list[str]:
+    """The registry of drafts: every shipped draft config (conf/draft/NAME.yaml), by name. A new
+    draft's YAML gives it its own colour in every figure; no list here to keep in step."""
+    return sorted(p.stem for p in (Path(CONFIG_DIR) / "draft").glob("*.yaml"))
 
 
 def paper_theme() -> None:
@@ -34,10 +40,20 @@ def paper_theme() -> None:
 
 
 def draft_palette(drafts: Iterable[str]) -> dict[str, tuple]:
-    """Colour-blind-safe colours, stable per draft name across figures."""
-    colors = sns.color_palette("colorblind", 10)
-    names = list(KNOWN_DRAFTS) + sorted(set(drafts) - set(KNOWN_DRAFTS))
-    return {name: colors[i % len(colors)] for i, name in enumerate(names)}
+    """Colours stable per draft across figures: a registered draft's from the colour-blind-safe set
+    (then a darker set past its ten), unknown ones after them; labels of one draft's variants
+    (early_exit/HEAD/MODE) take shades of that draft's colour."""
+    colors = sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10)
+    labels = sorted(set(drafts), key=lambda label: (label.split("/")[0], label))
+    registered = known_drafts()
+    bases = registered + sorted({label.split("/")[0] for label in labels} - set(registered))
+    base_color = {base: colors[i % len(colors)] for i, base in enumerate(bases)}
+    palette = {}
+    for base, variants in groupby(labels, key=lambda label: label.split("/")[0]):
+        variants = list(variants)
+        shades = [base_color[base]] if len(variants) == 1 else sns.dark_palette(base_color[base], len(variants) + 1)[1:]
+        palette |= dict(zip(variants, shades, strict=True))
+    return palette
 
 
 def _figure(height: float = 2.3, width: float = COLUMN_WIDTH_IN, ncols: int = 1) -> tuple[Figure, list]:

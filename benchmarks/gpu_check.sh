@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The CUDA path in one prepared script (about 10 minutes on one GPU): the gpu-marked tests, the
+# default study on the GPU, and the compiled decode under CUDA graphs, each under its own time
+# limit; the record goes to benchmarks/gpu_check/<date>-<card>.md with the card, driver, torch and
+# every command's exit status and headline line.
+#   bash benchmarks/gpu_check.sh [extra Hydra overrides for both studies]
+# Needs specexp installed with a CUDA build of torch and the embedded default target (the README's
+# install command with your CUDA torch instead of the CPU pin). Run it on an otherwise idle GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+command -v nvidia-smi >/dev/null || { echo "error: nvidia-smi not found; this script checks the CUDA path" >&2; exit 2; }
+python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+  || { echo "error: torch sees no CUDA device (torch $(python -c 'import torch; print(torch.__version__)'))" >&2; exit 2; }
+
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)
+day=$(date +%F)
+out_dir=benchmarks/gpu_check
+mkdir -p "$out_dir" multirun/gpu_check
+record="$out_dir/$day-$(echo "$card" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-').md"
+export WANDB_MODE=offline PYTHONUNBUFFERED=1
+
+{
+  echo "# CUDA path check, $day"
+  echo
+  echo "Card: $card (driver $driver); torch $(python -c 'import torch; print(torch.__version__, torch.version.cuda)');"
+  echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -n 1). Command: \`bash benchmarks/gpu_check.sh $*\`."
+  echo
+} >"$record"
+
+step() {  # step NAME SECONDS COMMAND...: run it under a limit, keep its last lines, record its status
+  local name=$1 limit=$2
+  shift 2
+  local log="multirun/gpu_check/$name.log"
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$log" 2>&1
+  local rc=$?
+  {
+    echo "## $name: exit $rc in $((SECONDS - start)) s (limit $limit s)"
+    echo
+    echo '```'
+    echo "$*"
+    grep -E '^\[done\]|^speedup|^alpha|passed|failed|error' "$log" | tail -n 12
+    echo '```'
+    echo
+  } >>"$record"
+  return $rc
+}
+
+status=0
+# 1. The gpu-marked tests (greedy identity on CUDA, CUDA graphs against eager), slow ones included.
+step gpu_tests 240 python -m pytest -m gpu -n 0 -p no:cacheprovider -q || status=1
+# 2. The default study on the GPU (its hardware profile measured there first).
+step default_study 240 python -m specexp device=cuda hydra.run.dir=multirun/gpu_check/default "$@" || status=1
+# 3. The compiled target pass under CUDA graphs (reduce-overhead), the same study.
+step compiled_study 300 python -m specexp device=cuda runtime.compile=true hydra.run.dir=multirun/gpu_check/compiled \
+  "$@" || status=1
+for run in default compiled; do
+  summary="multirun/gpu_check/$run/summary.json"
+  [ -f "$summary" ] && python - "$summary" "$run" >>"$record" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"- {sys.argv[2]}: speedup {s['speedup']:.3f} {s.get('speedup_ci95')}, alpha {s['alpha']}, tau {s['tau']:.3f}, "
+      f"AR {s['tokens_per_s_ar']:.1f} tok/s, greedy_match {s['greedy_match']}, runtime {s['runtime'].get('name')}"
+      f"{' compiled ' + str(s['runtime'].get('compile_mode')) if s['runtime'].get('compile') else ''}")
+EOF
+done
+echo "record: $record"
+exit $status
