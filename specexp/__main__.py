@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from specexp.cli import CONFIG_DIR, missing_value, remove_run_folder, unknown_choice, user_error
+from specexp.cli import CONFIG_DIR, fail, missing_value, remove_run_folder, unknown_choice, user_error
 from specexp.errors import UserInputError
 from specexp.reporting.report import done_line, print_summary
 from specexp.study.run import config_hash, run_job
@@ -43,8 +43,7 @@ def main(cfg: DictConfig) -> float | None:
             results.record_failure(exc)
             raise
         remove_run_folder(out_dir)
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        fail(error)
     if multirun:
         print(done_line(label, summary))
     else:
@@ -54,6 +53,5 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     if (message := unknown_choice(sys.argv[1:])) is not None:
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+        fail(message)
     main()

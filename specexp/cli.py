@@ -1,8 +1,12 @@
-"""What the command-line entry points share (`python -m specexp`, `python -m specexp.distill`):
+"""What the command-line entry points share (`python -m specexp`, `python -m specexp.distill`, ...):
 where the configs live, and how bad input becomes one line naming the value and what is allowed."""
 
 import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -42,6 +46,24 @@ def user_error(exc: BaseException) -> UserInputError | None:
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def fail(message: object) -> NoReturn:
+    """End a command with one `error: MESSAGE` line on stderr and exit status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+@contextmanager
+def one_line_errors(*expected: type[Exception]) -> Iterator[None]:
+    """A UserInputError raised inside (also behind Hydra's InstantiationException), or one of the
+    ``expected`` exceptions, ends the command as `fail` does; anything else keeps its traceback."""
+    try:
+        yield
+    except Exception as exc:
+        if (error := user_error(exc) or (exc if isinstance(exc, expected) else None)) is None:
+            raise
+        fail(error)
 
 
 def remove_run_folder(out_dir: Path) -> None:

@@ -1,6 +1,8 @@
-"""How specexp writes what it makes: files written whole or not at all, and markdown tables. A leaf
-module: every layer that writes results or records uses it."""
+"""How specexp writes what it makes: files written whole or not at all, the short hashes that name
+cached files, and markdown tables. A leaf module: every layer that writes results or caches uses it."""
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -12,6 +14,12 @@ def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def short_hash(value: object) -> str:
+    """16 hex digits of the sha256 of anything JSON can write (keys sorted): names a cached file by
+    what it was made from."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def markdown_table(table: pd.DataFrame, digits: int = 3) -> str:

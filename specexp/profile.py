@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    from specexp.cli import CONFIG_DIR, unknown_choice, user_error
+    from specexp.cli import CONFIG_DIR, fail, one_line_errors, unknown_choice
     from specexp.study.run import prepare
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -31,12 +31,11 @@ def main(argv: list[str] | None = None) -> None:
     if "--out" in args:
         i = args.index("--out")
         if i + 1 >= len(args):
-            sys.exit("error: --out needs a file name")
+            fail("--out needs a file name")
         out = Path(args.pop(i + 1))
         args.pop(i)
     if (message := unknown_choice(args)) is not None:
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+        fail(message)
     drafts = next((a.partition("=")[2].split(",") for a in args if a.startswith("draft=")), [None])
     for draft in drafts:
         overrides = [a for a in args if not a.startswith("draft=")] + ([f"draft={draft}"] if draft else [])
@@ -44,17 +43,11 @@ def main(argv: list[str] | None = None) -> None:
             with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
                 cfg = compose("config", overrides=overrides)
         except HydraException as error:  # a malformed override or an unknown key: one line, not a traceback
-            print(f"error: {str(error).splitlines()[0]} (python -m specexp.profile --help)", file=sys.stderr)
-            sys.exit(2)
-        try:
+            fail(f"{str(error).splitlines()[0]} (python -m specexp.profile --help)")
+        with one_line_errors():
             profile = prepare(cfg, force_profile=cfg.force).profile
             if profile is None:
                 raise UserInputError("profile.enabled=false: nothing to measure")
-        except Exception as exc:
-            if (error := user_error(exc)) is None:
-                raise
-            print(f"error: {error}", file=sys.stderr)
-            sys.exit(2)
         args = [a for a in args if not a.startswith("force=")]  # measured once; later drafts add their entries
         if out is not None:
             profile.save(out)

@@ -20,3 +20,13 @@ def run_module(module: str, *args: str, timeout: int = 600, env: dict | None = N
 def run_specexp(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """`python -m specexp OVERRIDES`: a study (or, with -m, a sweep)."""
     return run_module("specexp", *overrides, timeout=timeout)
+
+
+def run_distill(*args: str) -> subprocess.CompletedProcess:
+    """`python -m specexp.distill ARGS`."""
+    return run_module("specexp.distill", *args)
+
+
+def run_smoke_study(*args: str) -> subprocess.CompletedProcess:
+    """A one-prompt, 8-token study."""
+    return run_specexp("size=smoke", "data.limit=1", "max_new_tokens=8", *args)

@@ -194,7 +194,7 @@ def sharp_pair():
     """A sharp 64-token target in fp32 (an untrained feature head's alpha is ~0.55) and token
     blocks of its own samples: what feature-head training tests learn from."""
     from specexp.distill.data import token_blocks
-    from tests.test_distill import target_documents
+    from tests.distilling import target_documents
 
     target = tiny_model(0, layers=2, vocab_size=64, scale=10.0)
     target.model.float()

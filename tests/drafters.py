@@ -1,8 +1,10 @@
 """Test-only drafts (a random one) and every draft strategy built for a tiny target, by name."""
 
+import numpy as np
 import torch
 
 from specexp.core.interface import Context, Drafter, DraftTraits, Proposal
+from specexp.core.k_policy import truncate
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.eagle import EagleDrafter
 from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
@@ -32,6 +34,26 @@ class RandomDrafter:
         return Proposal(tokens=tokens, probs=probs, n_proposed=torch.full((B,), k))
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
+        pass
+
+
+class ScriptedK:
+    """Asks each round for a K drawn at random from 0..k_max (0: no draft) and keeps a random
+    prefix of what was proposed: any choice a K policy can make."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def begin(self, batch_size, k_max, max_new_tokens):
+        self.k_max, self.first = k_max, [0, k_max, 0]  # every K the test names comes early
+
+    def choose(self, ctx):
+        return self.first.pop(0) if self.first else int(self.rng.integers(0, self.k_max + 1))
+
+    def shorten(self, proposal, ctx):
+        return truncate(proposal, int(self.rng.integers(0, proposal.tokens.shape[1] + 1)))
+
+    def observe(self, proposal, n_accepted, active):
         pass
 
 

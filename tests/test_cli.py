@@ -130,7 +130,7 @@ def test_small_lm_draft_from_a_local_folder(tmp_path):
     draft.model.save_pretrained(tmp_path / "draft")
     draft.tokenizer.save_pretrained(tmp_path / "draft")
     run_dir = tmp_path / "run"
-    out = run_specexp("draft=small_lm", f"draft.model={tmp_path / 'draft'}", "draft.k=3", "data.limit=1",
+    out = run_specexp("draft=small_lm", f"draft.model={tmp_path / 'draft'}", "draft.k=3", "size=smoke", "data.limit=1",
                       "max_new_tokens=10", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -3,7 +3,6 @@ full or reduced vocabulary), exports load as exact small_lm drafts, resume conti
 saved step, and bad input is refused."""
 
 import json
-import subprocess
 
 import lightning as L
 import pytest
@@ -21,24 +20,11 @@ from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import load_model
 from specexp.ngram.corpus import corpus_documents, self_written_prompts
-from tests.commands import run_module, run_specexp
+from tests.commands import run_distill, run_smoke_study, run_specexp
 from tests.conftest import EOS, tiny_model
+from tests.distilling import fit_and_validate, target_documents, toy_corpus_args, trainer
 
 TINY_STUDENT = dict(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64)
-
-
-def target_documents(target, n: int = 48, length: int = 40, seed: int = 0) -> list[list[int]]:
-    """The target's own sampled text: what the student should learn to imitate."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(2, target.vocab_size, (3,), generator=g).tolist() for _ in range(n)]
-    out = generate(target.model, prompts, None, SamplingConfig(temperature=1.0), length, [EOS], g)
-    return [p + t for p, t in zip(prompts, out.tokens, strict=True)]
-
-
-def trainer(tmp_path, max_steps: int, **kwargs) -> L.Trainer:
-    kwargs = {"logger": False, **kwargs}
-    return L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, enable_progress_bar=False,
-                     enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path), **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +32,6 @@ def tiny_pair():
     target = tiny_model(0, layers=2, vocab_size=64, scale=3.0)
     target.model.float()
     return target, token_blocks(target_documents(target), EOS, 32)
-
-
-def fit_and_validate(tmp_path, module, dataset, steps: int = 60) -> tuple[dict, dict]:
-    """Held-out metrics before and after `steps` training steps."""
-    data = DistillDataModule(dataset, batch_size=8)
-    before = trainer(tmp_path, 1).validate(module, datamodule=data, verbose=False)[0]
-    trainer(tmp_path, steps, enable_checkpointing=False).fit(module, datamodule=data)
-    after = trainer(tmp_path, 1).validate(module, datamodule=data, verbose=False)[0]
-    return before, after
 
 
 @pytest.mark.parametrize("objective_name", ["tvd", "forward_kl", "reverse_kl", "jsd"])
@@ -179,23 +156,6 @@ def test_self_written_user_turns_start_with_the_openers_in_turn():
         corpus_documents(target, prompts="mt_bench", openers=["Write"])
 
 
-@pytest.mark.default_target
-def toy_corpus_args(tmp_path) -> list[str]:
-    """A toy-sized corpus (the target's own chats + a text file) cached under tmp_path."""
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(f"Step {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(100)))
-    return ["data.corpus.prompt_limit=4", "data.corpus.prompt_tokens=12", "data.corpus.generation_tokens=16",
-            f"data.corpus.text=[{corpus}]", "data.block_size=32", f"data.cache_dir={tmp_path / 'cache'}"]
-
-
-def run_distill(*args: str) -> subprocess.CompletedProcess:
-    return run_module("specexp.distill", *args)
-
-
-def run_study(*args: str) -> subprocess.CompletedProcess:
-    return run_specexp("size=smoke", "data.limit=1", "max_new_tokens=8", *args)
-
-
 def test_distill_command_end_to_end(tmp_path):
     """Every source and option on the default target at toy size, then the export as a draft."""
     run_dir = tmp_path / "run"
@@ -222,7 +182,7 @@ def test_distill_command_end_to_end(tmp_path):
     header = markdown(table).splitlines()[0]
     assert "best_alpha" in header and "history" not in header and "run" not in header.split(" | ")
 
-    study = run_study("draft=small_lm", f"draft.model={run_dir / 'student'}", f"hydra.run.dir={tmp_path / 'study'}")
+    study = run_smoke_study("draft=small_lm", f"draft.model={run_dir / 'student'}", f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0
 
@@ -244,7 +204,8 @@ def test_exit_head_command_end_to_end(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["steps"] == 4 and result["parameters"] < 1_000_000  # the head alone, not the target
     # (both modes with a saved head, and on-policy refused: tests/test_early_exit.py)
-    study = run_study("draft=early_exit", f"draft.head={head}", "draft.exit_layer=null", f"hydra.run.dir={tmp_path / 'study'}")
+    study = run_smoke_study("draft=early_exit", f"draft.head={head}", "draft.exit_layer=null",
+                            f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0
 

@@ -17,10 +17,10 @@ from specexp.draft_vocab import DraftVocab
 from specexp.drafts.eagle import EagleDrafter, eagle_drafter
 from specexp.drafts.eagle_head import EagleHead, unrolled_mask
 from specexp.errors import UserInputError
+from tests.commands import run_distill, run_smoke_study
 from tests.conftest import EOS, tiny_model
-from tests.drafters import RecordsProposals, eagle_head
-from tests.test_distill import fit_and_validate, run_distill, run_study, toy_corpus_args
-from tests.test_engine import ScriptedK
+from tests.distilling import fit_and_validate, toy_corpus_args
+from tests.drafters import RecordsProposals, ScriptedK, eagle_head
 
 NO_EOS = [10**6]
 
@@ -143,7 +143,7 @@ def test_eagle3_command_end_to_end(tmp_path):
     assert config["hidden_layers"] == [2, 15, 27] and config["target_layers"] == 30
     result = json.loads((run_dir / "result.json").read_text())
     assert result["steps"] == 4 and result["parameters"] < 4_000_000  # the head alone (the target has 135M)
-    study = run_study("draft=eagle", f"draft.head={head}", "draft.branches=2", "draft.k=4", "draft.quantize=int8",
+    study = run_smoke_study("draft=eagle", f"draft.head={head}", "draft.branches=2", "draft.k=4", "draft.quantize=int8",
                       f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     summary = json.loads((tmp_path / "study" / "summary.json").read_text())

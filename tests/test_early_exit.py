@@ -17,7 +17,7 @@ from specexp.drafts.exit_head import HEAD_CONFIG, ExitHead, exit_head_student
 from specexp.errors import UserInputError
 from specexp.runtime.decoder import lean_decoder
 from tests.conftest import EOS, random_exit_head, tiny_model
-from tests.test_distill import fit_and_validate, target_documents
+from tests.distilling import fit_and_validate, target_documents
 
 GREEDY = SamplingConfig()
 NO_EOS = [10**6]

@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from specexp.core.engine import generate
-from specexp.core.k_policy import HeuristicK, truncate
+from specexp.core.k_policy import HeuristicK
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.early_exit import early_exit_drafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
 from tests.conftest import tiny_model
-from tests.drafters import DRAFT_KINDS, confidence_quantile, make_drafter
+from tests.drafters import DRAFT_KINDS, ScriptedK, confidence_quantile, make_drafter
 
 GREEDY = SamplingConfig()
 NO_EOS = [10**6]  # an id no model emits: runs go to max_new_tokens
@@ -43,26 +43,6 @@ def test_greedy_is_token_identical_to_target_alone(target, other_draft, prompts,
     if kind == "agree":  # a perfect draft: the prompt pass gives 1 token, then every round K+1
         assert rounds.tolist() == [-(-23 // (k + 1))] * len(batch_prompts)
         assert bool((spec.n_accepted[spec.active] == k).all())
-
-
-class ScriptedK:
-    """Asks each round for a K drawn at random from 0..k_max (0: no draft) and keeps a random
-    prefix of what was proposed: any choice a K policy can make."""
-
-    def __init__(self, seed: int):
-        self.rng = np.random.default_rng(seed)
-
-    def begin(self, batch_size, k_max, max_new_tokens):
-        self.k_max, self.first = k_max, [0, k_max, 0]  # every K the test names comes early
-
-    def choose(self, ctx):
-        return self.first.pop(0) if self.first else int(self.rng.integers(0, self.k_max + 1))
-
-    def shorten(self, proposal, ctx):
-        return truncate(proposal, int(self.rng.integers(0, proposal.tokens.shape[1] + 1)))
-
-    def observe(self, proposal, n_accepted, active):
-        pass
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)

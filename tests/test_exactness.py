@@ -191,7 +191,7 @@ def default_pair():
         cfg = compose("config", overrides=["draft=distilled", "draft.k=2", "dtype=float32"])
     prompts = [target.tokenizer(text)["input_ids"] for text in ("The capital of France is", "Once upon a time",
                                                                  "def fibonacci(n):\n    ")]
-    return target, lambda t: build_draft(cfg.draft, t)[0], prompts
+    return target, lambda t: build_draft(cfg.draft, t).drafter, prompts
 
 
 @torch.no_grad()

@@ -15,9 +15,10 @@ from specexp.distill.features import FeatureDistillModule, medusa_student, teach
 from specexp.drafts.medusa import MedusaDrafter, medusa_drafter
 from specexp.drafts.medusa_heads import MedusaHeads
 from specexp.errors import UserInputError
+from tests.commands import run_distill, run_smoke_study
 from tests.conftest import tiny_model
+from tests.distilling import fit_and_validate, toy_corpus_args
 from tests.drafters import RecordsProposals, every_other_token, medusa_heads
-from tests.test_distill import fit_and_validate, run_distill, run_study, toy_corpus_args
 
 NO_EOS = [10**6]
 
@@ -93,6 +94,6 @@ def test_medusa_command_end_to_end(tmp_path):
     assert json.loads((heads / "medusa_head.json").read_text())["n_heads"] == 3
     assert json.loads((run_dir / "result.json").read_text())["parameters"] < 2_000_000
     # a chain, K chosen per round up to its 3 heads (profiled no further); trees: test_engine, test_exactness
-    study = run_study("draft=medusa", f"draft.head={heads}", "draft.k_max=3", f"hydra.run.dir={tmp_path / 'study'}")
+    study = run_smoke_study("draft=medusa", f"draft.head={heads}", "draft.k_max=3", f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0

@@ -34,7 +34,7 @@ def test_build_then_decode_with_each_ngram_draft(tmp_path):
         assert f"wrote {tmp_path / name}" in out.stdout
     for draft, path in (("ngram_lm", "lm.npz"), ("retrieval", "store.npz")):
         run_dir = tmp_path / f"run_{draft}"
-        out = run_module("specexp", f"draft={draft}", f"draft.path={tmp_path / path}", "data.limit=1",
+        out = run_module("specexp", f"draft={draft}", f"draft.path={tmp_path / path}", "size=smoke", "data.limit=1",
                          "max_new_tokens=8", f"hydra.run.dir={run_dir}")
         assert out.returncode == 0, out.stderr[-2000:]
         assert json.loads((run_dir / "summary.json").read_text())["greedy_match"] == 1.0

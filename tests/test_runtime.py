@@ -124,8 +124,15 @@ def test_fuse_projections_auto_keeps_what_the_timed_pass_prefers(tmp_path, monke
     target = LoadedModel(tiny_model(0, layers=2).model.float(), None, "tiny")
     reference = generate(target.model, prompts, None, SamplingConfig(), 12, [10**6], torch.Generator().manual_seed(0))
     decoder = lean_decoder(target.model)
-    assert isinstance(runtime.fusion_pays(decoder, [1, 2]), bool)  # really timed: both states run
-    assert decoder.layers[0].qkv is not None  # and the fused state is back
+    for fused_cost, pays in ((1.0, True), (3.0, False)):  # a clock that charges each state its own time per pass
+        now = [0.0]
+
+        def clock(fused_cost=fused_cost, now=now):
+            now[0] += fused_cost if decoder.layers[0].qkv is not None else 2.0
+            return now[0]
+
+        assert runtime.fusion_pays(decoder, [1, 2], clock=clock) is pays  # it follows the timings of both states
+        assert decoder.layers[0].qkv is not None  # and the fused state is back
     monkeypatch.setattr(runtime, "fusion_pays", lambda decoder, rows: False)
     prepared = LeanRuntime().prepare(target, None, [1, 2])
     assert not prepared.record["fuse_projections"] and prepared.record["fuse_setting"] == "auto"

@@ -184,9 +184,10 @@ def test_failing_job_is_isolated_and_rerun_skips_finished_jobs(tmp_path):
 @pytest.mark.default_target
 def test_sigkilled_job_leaves_no_partial_results_and_rerun_fills_the_gap(tmp_path):
     sweep = tmp_path / "sweep"
-    args = [sys.executable, "-m", "specexp", "-m", "draft.k=1,2", "data.limit=2", "max_new_tokens=40", "warmup=false",
+    # size=smoke: a quick profile and one timing pass (the kill and the rerun are what is tested)
+    args = [sys.executable, "-m", "specexp", "-m", "draft.k=1,2", "size=smoke", "data.limit=2", "max_new_tokens=40",
             f"hydra.sweep.dir={sweep}"]
-    first, second = (sweep / f"data.limit=2,draft.k={k},max_new_tokens=40,warmup=False" for k in (1, 2))
+    first, second = (sweep / f"data.limit=2,draft.k={k},max_new_tokens=40,size=smoke" for k in (1, 2))
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.time() + 240
@@ -213,8 +214,9 @@ def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path)
     """experiment=exit_layer_sweep at one K: every exit layer with the untrained and the shipped
     trained head, greedy identical to AR, the trained heads accepting more."""
     sweep = tmp_path / "exit_layer_sweep"
+    # K fixed: no job needs the cost model (the early-exit draft's profile: test_distill's exit-head study)
     out = run_specexp("experiment=exit_layer_sweep", "size=smoke", "draft.k=2", "max_new_tokens=16",
-                      f"hydra.sweep.dir={sweep}")
+                      "profile.enabled=false", f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert run_module("specexp.collect", str(sweep)).returncode == 0
     table = pd.read_parquet(sweep / "collected.parquet")

@@ -219,6 +219,14 @@ def finish(out: GenerationOutput, state: Decoding) -> GenerationOutput:
     return out
 
 
+def device_sync(device: torch.device) -> Callable[[], None]:
+    """What waits for the device before a clock is read: every GPU (a device_map target's pass ends
+    on its last one); nothing on a CPU."""
+    if device.type != "cuda":
+        return lambda: None
+    return lambda: [torch.cuda.synchronize(i) for i in range(torch.cuda.device_count())]
+
+
 @torch.inference_mode()
 def generate(
     target: Callable,  # a causal LM, or the lean runtime's decoder of one
@@ -243,14 +251,8 @@ def generate(
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt must have at least one token")
-    device = target.device
-    # Every GPU: a device_map target's pass ends on its last one.
-    sync = (lambda: [torch.cuda.synchronize(i) for i in range(torch.cuda.device_count())]) if device.type == "cuda" \
-        else (lambda: None)
-    if drafter is None:
-        k_max = 0
-    elif k_max is None:
-        k_max = drafter.traits.k_max
+    sync = device_sync(target.device)
+    k_max = 0 if drafter is None else (drafter.traits.k_max if k_max is None else k_max)
     hidden_layers = drafter.traits.hidden_layers if drafter is not None else ()
 
     start_time = clock()

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from specexp.core.interface import Context, Proposal
+from specexp.core.metrics import position_counts
 
 
 class KPolicy(Protocol):
@@ -46,16 +47,6 @@ def expected_tokens(run_probability: np.ndarray, limits: np.ndarray, k_max: int)
     kept = np.minimum(limits[:, None], np.arange(k_max + 1)[None, :])  # [B, K+1]: tokens row b keeps at K
     counted = positions[None, None, :] <= kept[:, :, None]  # [B, K+1, k_max]
     return len(limits) + (run_probability[:, None, :] * counted).sum(axis=(0, 2))
-
-
-def position_counts(proposed: np.ndarray, accepted: np.ndarray, active: np.ndarray,
-                    k_max: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row and draft position 1..k_max, whether the rule looked at it (proposed, every earlier
-    one accepted) and whether it accepted it [B, k_max] each; rows out of the round count nothing."""
-    position = np.arange(k_max)  # 0-based: position i + 1
-    reached = (position < proposed[:, None]) & (position <= accepted[:, None]) & active[:, None]
-    took = (position < accepted[:, None]) & active[:, None]
-    return reached, took
 
 
 def odds(p: np.ndarray) -> np.ndarray:

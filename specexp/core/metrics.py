@@ -13,17 +13,33 @@ import math
 import numpy as np
 
 
+def position_counts(proposed: np.ndarray, accepted: np.ndarray, active: np.ndarray | None,
+                    k_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row and draft position 1..k_max, whether the rule looked at it (proposed, every earlier
+    one accepted) and whether it accepted it [B, k_max] each; rows out of the round (``active``
+    False) count nothing, and None counts every row."""
+    if active is None:
+        active = np.ones(len(proposed), dtype=bool)
+    position = np.arange(k_max)  # 0-based: position i + 1
+    reached = (position < proposed[:, None]) & (position <= accepted[:, None]) & active[:, None]
+    took = (position < accepted[:, None]) & active[:, None]
+    return reached, took
+
+
+def arms(table):
+    """A rounds or batches table (study/run.py's) split by arm: (speculative rows, AR rows)."""
+    return table[table["mode"] == "spec"], table[table["mode"] == "ar"]
+
+
 def acceptance_curve(proposed: np.ndarray, accepted: np.ndarray, k: int) -> list[float | None]:
     """P(draft position i accepted | positions < i accepted), i = 1..k.
 
     Among rounds that proposed at least i tokens and accepted the first i-1, the fraction
     that accepted the i-th too. None where no round reached position i.
     """
-    curve = []
-    for i in range(1, k + 1):
-        reached = (proposed >= i) & (accepted >= i - 1)
-        curve.append(float((accepted[reached] >= i).mean()) if reached.any() else None)
-    return curve
+    reached, took = position_counts(np.asarray(proposed), np.asarray(accepted), None, k)
+    n_reached, n_took = reached.sum(0), took.sum(0)  # [k] each
+    return [float(n_took[i] / n_reached[i]) if n_reached[i] else None for i in range(k)]
 
 
 def alpha(proposed: np.ndarray, accepted: np.ndarray) -> float | None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from specexp.core.metrics import acceptance_curve, expected_tokens_per_round
+from specexp.core.metrics import acceptance_curve, arms, expected_tokens_per_round, position_counts
 
 
 def filled_curve(curve: Sequence[float | None], k: int) -> np.ndarray:
@@ -41,9 +41,8 @@ def acceptance_by_length(proposed: np.ndarray, accepted: np.ndarray, k: int, wei
     table = np.tile(pooled, (k + 1, 1))
     for p in np.unique(proposed[proposed > 0]):
         rows = proposed == p
-        for i in range(1, int(p) + 1):
-            reached = rows & (accepted >= i - 1)
-            table[p, i - 1] = ((accepted[reached] >= i).sum() + weight * pooled[i - 1]) / (reached.sum() + weight)
+        reached, took = position_counts(proposed[rows], accepted[rows], None, int(p))  # [n, p] each
+        table[p, :p] = (took.sum(0) + weight * pooled[:p]) / (reached.sum(0) + weight)
     return table
 
 
@@ -87,7 +86,7 @@ def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: 
     overhead_s = profile.overhead_s * len(spec_rounds)
     table = acceptance_by_length(spec["proposed"].to_numpy(), spec["accepted"].to_numpy(), k)
     expected = float(expected_emitted(table, spec["proposed"].to_numpy(), limit).sum())
-    spec_b, ar_b = batches[batches["mode"] == "spec"], batches[batches["mode"] == "ar"]
+    spec_b, ar_b = arms(batches)
     prefill_ar = float(sum(profile.prefill(p) for p in ar_b["prompt_length"]))
     drafting_batches = spec_rounds.loc[spec_rounds["k_chosen"] > 0, "batch"].nunique()  # a draft never asked costs nothing
     prefill_spec = float(sum(profile.prefill(p) for p in spec_b["prompt_length"]))

@@ -29,13 +29,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specexp.core.engine import generate
-from specexp.core.k_policy import position_counts
 from specexp.core.kv import new_ragged_kv
+from specexp.core.metrics import position_counts
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.core.tree_policy import slot_counts
 from specexp.errors import UserInputError
 from specexp.models import cache_root
-from specexp.output import write_atomic
+from specexp.output import short_hash, write_atomic
 from specexp.runtime import draft_models
 from specexp.runtime.matmul import hardware_fingerprint
 
@@ -117,10 +117,6 @@ class Profile:
     def load(cls, path: Path) -> "Profile":
         record = json.loads(Path(path).read_text())
         return cls(**{k: v for k, v in record.items() if k in cls.__dataclass_fields__}, path=str(path))
-
-
-def short_hash(value: object) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def profile_key(target, runtime_record: dict, batch_size: int, sampling: SamplingConfig, measurement: dict) -> dict:

@@ -9,7 +9,6 @@ export the best student (by val/alpha) as an HF folder that `draft=small_lm draf
 """
 
 import json
-import sys
 from pathlib import Path
 
 import hydra
@@ -20,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedModel
 
-from specexp.cli import CONFIG_DIR, user_error
+from specexp.cli import CONFIG_DIR, one_line_errors
 from specexp.distill.data import (
     DistillDataModule,
     cached_dataset,
@@ -139,14 +138,8 @@ def export_student(student: LoadedModel, folder: Path, dtype: str) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="distill")
 def main(cfg: DictConfig) -> float | None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
+    with one_line_errors():
         result = distill(cfg, out_dir)
-    except Exception as exc:
-        error = user_error(exc)
-        if error is None:
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
     print(f"best val/alpha {result['best_alpha']}; student exported to {result['export_dir']}")
     return result["best_alpha"]
 

@@ -21,7 +21,8 @@ from specexp.distill.objectives import top_k_targets, warped_log_probs
 from specexp.draft_vocab import DraftVocab
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root
-from specexp.ngram.corpus import cache_key, corpus_documents, join_documents, vocab_fingerprint
+from specexp.ngram.corpus import corpus_documents, join_documents, vocab_fingerprint
+from specexp.output import short_hash
 
 
 def token_blocks(documents: list[list[int]], separator: int, block_size: int) -> datasets.Dataset:
@@ -54,7 +55,7 @@ def cached_dataset(path: Path, build: Callable[[], datasets.Dataset]) -> dataset
 def corpus_dataset(target: LoadedModel, corpus: dict, block_size: int, cache_dir: str | None = None) -> datasets.Dataset:
     """The corpus as token blocks, cached under cache_dir (default: the specexp cache) by its config."""
     root = Path(cache_dir) if cache_dir else cache_root() / "distill"
-    key = cache_key(target.name, vocab_fingerprint(target), corpus, block_size)
+    key = short_hash([target.name, vocab_fingerprint(target), corpus, block_size])
     root.mkdir(parents=True, exist_ok=True)
     return cached_dataset(root / f"corpus-{key}", lambda: token_blocks(
         corpus_documents(target, **corpus), target.eos_token_ids[0], block_size))
@@ -94,7 +95,7 @@ def teacher_cache_path(corpus: datasets.Dataset, target: LoadedModel, k: int, te
 def beside_corpus(corpus: datasets.Dataset, kind: str, *key: object) -> Path:
     """A folder next to a cached corpus for what is derived from it, keyed by ``key``."""
     corpus_dir = Path(corpus.cache_files[0]["filename"]).parent
-    return corpus_dir.with_name(f"{corpus_dir.name}-{kind}-{cache_key(*key)}")
+    return corpus_dir.with_name(f"{corpus_dir.name}-{kind}-{short_hash(key)}")
 
 
 class DistillDataModule(L.LightningDataModule):

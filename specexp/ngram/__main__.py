@@ -11,6 +11,7 @@ mt_bench or a question.jsonl / json / csv file), all tokenized with the target's
 import argparse
 import sys
 
+from specexp.cli import one_line_errors
 from specexp.core.sampling import SamplingConfig
 from specexp.data import mt_bench, prompts_from_dataset
 from specexp.errors import UserInputError
@@ -68,11 +69,8 @@ def build(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
+    with one_line_errors():
         build(args)
-    except UserInputError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ from filelock import FileLock
 
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root
-from specexp.ngram.corpus import cache_key, corpus_documents, join_documents, vocab_fingerprint
+from specexp.ngram.corpus import corpus_documents, join_documents, vocab_fingerprint
 from specexp.ngram.datastore import SuffixDatastore
 from specexp.ngram.kneser_ney import KneserNeyLM, check_order
 from specexp.ngram.storage import load_npz, save_npz
+from specexp.output import short_hash
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def cached_documents(target: LoadedModel, corpus: dict) -> list[list[int]]:
     """The corpus's token documents for this target, built once (the slow part: the target writes)."""
     if target.tokenizer is None:
         raise UserInputError(f"target '{target.name}' has no tokenizer to build a corpus with; give draft.path=FILE")
-    path = cache_root() / "ngram" / f"corpus-{cache_key(target.name, vocab_fingerprint(target), corpus)}.npz"
+    path = cache_root() / "ngram" / f"corpus-{short_hash([target.name, vocab_fingerprint(target), corpus])}.npz"
 
     def build(out: Path) -> None:
         log.warning("building the n-gram corpus for %s into %s (one time)", target.name, out)
@@ -66,7 +67,7 @@ def cached_draft_file(kind: str, target: LoadedModel, corpus: dict, params: dict
                       build_model: Callable[[list[list[int]]], object]) -> str:
     """Path of the ``kind`` file ('lm' or 'datastore') built from ``corpus`` with ``params``;
     ``build_model(documents)`` returns an object with ``save(path)``."""
-    path = cache_root() / "ngram" / f"{kind}-{cache_key(target.name, vocab_fingerprint(target), corpus, params)}.npz"
+    path = cache_root() / "ngram" / f"{kind}-{short_hash([target.name, vocab_fingerprint(target), corpus, params])}.npz"
 
     def build(out: Path) -> None:
         documents = cached_documents(target, corpus)

@@ -27,11 +27,6 @@ def vocab_fingerprint(target: LoadedModel) -> str:
     return f"vocab_size={target.vocab_size}:sha256={hashlib.sha256(vocab).hexdigest()[:16]}"
 
 
-def cache_key(*parts) -> str:
-    """A short hash of anything JSON can write: names a cached build by what it was built from."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def check_fingerprint(built_for: str, target: LoadedModel, path: str) -> None:
     if built_for != vocab_fingerprint(target):
         raise UserInputError(

@@ -8,7 +8,6 @@ collected.csv (the analysis notebooks' input) and prints a compact comparison ta
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,13 +15,13 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from specexp.study.intervals import fmt_interval
+from specexp.cli import fail, one_line_errors
+from specexp.study.intervals import INTERVAL_METRICS, column_interval, fmt_interval, interval_columns
 
 METRICS = ("alpha", "drafted_acceptance_rate", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
            "verify_cost_ratio", "mean_k", "k_policy", "predicted_speedup", "realized_over_predicted",
            "predicted_speedup_iid", "predicted_tokens_per_round", "profile", "greedy_match", "n_prompts",
            "accepted_per_pass", "nodes_per_pass")
-INTERVAL_METRICS = ("alpha", "tau", "speedup")  # summary.json's METRIC_ci95: [lo, hi]
 SHOWN = ("job", "status", "alpha", "tau", "speedup", "predicted_speedup", "realized_over_predicted", "cost_ratio_c")
 
 
@@ -41,9 +40,7 @@ def job_row(job_dir: Path, root: Path) -> dict:
         row["status"] = summary.get("status", "ok")
         row.update({m: summary.get(m) for m in METRICS})
         row["k_max"] = summary.get("k")  # the K a fixed-K job ran, the most a K policy could choose
-        for metric in INTERVAL_METRICS:  # 95% intervals as two columns each
-            lo, hi = summary.get(f"{metric}_ci95") or (None, None)
-            row[f"{metric}_ci95_lo"], row[f"{metric}_ci95_hi"] = lo, hi
+        row.update(interval_columns(summary))  # 95% intervals as two columns each
         row["timing_passes"] = (summary.get("timing") or {}).get("passes")
         curve_ci = summary.get("acceptance_curve_ci95") or []
         for i, a in enumerate(summary.get("acceptance_curve") or [], start=1):
@@ -81,8 +78,7 @@ def cell(row: pd.Series, column: str) -> str:
     """A table cell: a metric with its 95% interval where the job has one ('1.120 [1.050, 1.190]')."""
     value = row[column]
     if column in INTERVAL_METRICS and isinstance(value, float) and value == value:
-        lo, hi = row.get(f"{column}_ci95_lo"), row.get(f"{column}_ci95_hi")
-        return fmt_interval(value, [lo, hi] if pd.notna(lo) and pd.notna(hi) else None)
+        return fmt_interval(value, column_interval(row, column))
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
@@ -102,14 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
     parser.add_argument("--out", type=Path, default=None, help="output stem (default: FIRST_PATH/collected)")
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors(FileNotFoundError):
         table = collect(args.paths)
-    except FileNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
     if table.empty:
-        print(f"error: no job folders (with .hydra/config.yaml) under {', '.join(map(str, args.paths))}", file=sys.stderr)
-        sys.exit(2)
+        fail(f"no job folders (with .hydra/config.yaml) under {', '.join(map(str, args.paths))}")
     stem = args.out or args.paths[0] / "collected"
     table.to_parquet(stem.with_suffix(".parquet"), index=False)
     table.to_csv(stem.with_suffix(".csv"), index=False)

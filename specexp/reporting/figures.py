@@ -8,7 +8,6 @@ figures it skipped and why.
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from specexp.cli import fail, one_line_errors  # noqa: E402
 from specexp.core import metrics  # noqa: E402
 from specexp.costs import cost_model  # noqa: E402
 from specexp.costs.profile import Profile  # noqa: E402
@@ -77,7 +77,7 @@ def model_curves(jobs: pd.DataFrame, profile: Profile | None = None) -> tuple[pd
         name = json.loads((folder / "summary.json").read_text()).get("draft_profile")  # the draft's entry
         if name not in priced_with.drafts:
             continue
-        spec, ar = rounds[rounds["mode"] == "spec"], rounds[rounds["mode"] == "ar"]
+        spec, ar = metrics.arms(rounds)
         for k in range(1, int(group["k"].max()) + 1):
             predicted = cost_model.predict_run(spec, ar, batches, int(reference["k"]), priced_with, name, limit=k)
             rows.append({"draft": draft, "k": k, "speedup": predicted["predicted_speedup"]})
@@ -124,7 +124,7 @@ def per_prompt_table(jobs: pd.DataFrame) -> pd.DataFrame:
         rounds = pd.read_parquet(Path(job.path) / "rounds.parquet")
         rounds["seconds"] = rounds["draft_s"] + rounds["target_s"] + rounds["verify_s"]
         for prompt_id, r in rounds.groupby("prompt_id"):
-            spec, ar = r[r["mode"] == "spec"], r[r["mode"] == "ar"]
+            spec, ar = metrics.arms(r)
             spec_rate = metrics.safe_ratio(spec["emitted"].sum(), spec["seconds"].sum())
             ar_rate = metrics.safe_ratio(ar["emitted"].sum(), ar["seconds"].sum())
             rows.append({"draft": job.draft, "k": job.k, "temperature": job.temperature, "batch_size": job.batch_size,
@@ -140,7 +140,7 @@ def acceptance_by_position(jobs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for job in jobs.itertuples():
         rounds = pd.read_parquet(Path(job.path) / "rounds.parquet")
-        spec = rounds[rounds["mode"] == "spec"]
+        spec, _ = metrics.arms(rounds)
         for prompt_id, r in spec.groupby("prompt_id"):
             curve = metrics.acceptance_curve(metrics.positions(r), r["accepted"].to_numpy(), int(job.k_max))
             rows += [{"draft": job.draft, "k": job.k, "prompt_id": prompt_id, "position": i + 1, "acceptance": a}
@@ -255,17 +255,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
     parser.add_argument("--out", type=Path, default=None, help="where figures go (default: FIRST_PATH/figures)")
     args = parser.parse_args(argv)
-    try:
+    with one_line_errors(FileNotFoundError):
         written, skipped = make_figures(args.paths, args.out or args.paths[0] / "figures")
-    except FileNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     if not written:
-        print(f"error: nothing to plot under {', '.join(map(str, args.paths))}: no finished study jobs or distillation "
-              "runs", file=sys.stderr)
-        sys.exit(2)
+        fail(f"nothing to plot under {', '.join(map(str, args.paths))}: no finished study jobs or distillation runs")
     print(f"wrote {len(written)} files to {args.out or args.paths[0] / 'figures'}: {', '.join(written)}")
 
 

@@ -23,6 +23,7 @@ from matplotlib.ticker import ScalarFormatter
 from specexp.cli import CONFIG_DIR
 from specexp.core import metrics
 from specexp.costs.cost_model import best_speedup_on
+from specexp.study.intervals import column_interval, fmt_bounds
 
 COLUMN_WIDTH_IN = 3.3  # one column of a two-column paper
 # Fixed draft order -> fixed colours: a draft keeps its colour in every figure of a paper.
@@ -256,12 +257,6 @@ def distillation_curves(history: pd.DataFrame, hue: str = "objective", style: st
     return fig
 
 
-def interval_text(row: pd.Series, metric: str) -> str:
-    """A job's 95% interval as '[lo, hi]' ('-' without one)."""
-    lo, hi = row.get(f"{metric}_ci95_lo"), row.get(f"{metric}_ci95_hi")
-    return f"[{lo:.3f}, {hi:.3f}]" if pd.notna(lo) and pd.notna(hi) else "-"
-
-
 def headline_table(jobs: pd.DataFrame) -> pd.DataFrame:
     """Per draft at its best measured K: alpha, tau, c, speedup (with its 95% interval), predicted speedup, optimal K.
     Picking the best of several K favours a lucky timing: read the interval, not the ranking, where they overlap."""
@@ -271,7 +266,7 @@ def headline_table(jobs: pd.DataFrame) -> pd.DataFrame:
         a, c = best["alpha"], best["cost_ratio_c"]
         k = best["k_label"] if "k_label" in best else int(best["k"])  # a number, or auto / heuristic
         rows.append({"draft": draft, "K": k, "alpha": a, "tau": best["tau"], "c": c,
-                     "speedup": best["speedup"], "speedup 95% CI": interval_text(best, "speedup"),
+                     "speedup": best["speedup"], "speedup 95% CI": fmt_bounds(column_interval(best, "speedup")),
                      "predicted": best["predicted_speedup"],
                      "optimal K": optimal_k(a, c) if pd.notna(a) and pd.notna(c) else None})
     return pd.DataFrame(rows).sort_values("speedup", ascending=False, na_position="last")

@@ -10,7 +10,6 @@ predict.md and predict.pdf/png (default DIR: SWEEP/predict).
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -20,6 +19,8 @@ matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from specexp.cli import fail  # noqa: E402
+from specexp.core.metrics import arms  # noqa: E402
 from specexp.costs import cost_model  # noqa: E402
 from specexp.costs.profile import Profile  # noqa: E402
 from specexp.output import markdown_table  # noqa: E402
@@ -43,7 +44,7 @@ def reprice(jobs: pd.DataFrame, profile: Profile) -> pd.DataFrame:
             row["note"] = f"the profile has no entry for this draft ({draft}); profile it there with the same draft config"
         else:
             rounds, batches = pd.read_parquet(folder / "rounds.parquet"), pd.read_parquet(folder / "batches.parquet")
-            spec, ar = rounds[rounds["mode"] == "spec"], rounds[rounds["mode"] == "ar"]
+            spec, ar = arms(rounds)
             row["predicted"] = cost_model.predict_run(spec, ar, batches, int(summary["k"]), profile, draft)[
                 "predicted_speedup"]
         rows.append(row)
@@ -79,17 +80,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: FIRST_PATH/predict)")
     args = parser.parse_args(argv)
     if not args.profile.is_file():
-        print(f"error: --profile '{args.profile}' is not a file; python -m specexp.profile --out FILE writes one",
-              file=sys.stderr)
-        sys.exit(2)
+        fail(f"--profile '{args.profile}' is not a file; python -m specexp.profile --out FILE writes one")
     missing = [str(p) for p in args.paths if not p.exists()]
     if missing:
-        print(f"error: '{missing[0]}' does not exist", file=sys.stderr)
-        sys.exit(2)
+        fail(f"'{missing[0]}' does not exist")
     jobs = study_jobs(args.paths)
     if jobs.empty:
-        print(f"error: no finished study jobs under {', '.join(map(str, args.paths))}", file=sys.stderr)
-        sys.exit(2)
+        fail(f"no finished study jobs under {', '.join(map(str, args.paths))}")
     profile = Profile.load(args.profile)
     table = reprice(jobs, profile)
     out = args.out or args.paths[0] / "predict"

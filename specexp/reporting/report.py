@@ -5,7 +5,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from specexp.study.intervals import fmt_interval
+from specexp.study.intervals import INTERVAL_METRICS, fmt_interval
 
 
 def fmt(value) -> str:
@@ -26,7 +26,7 @@ def with_interval(summary: dict, key: str) -> str:
 
 def done_line(label: str, summary: dict) -> str:
     """A multirun job's one line: alpha, tau and speedup with their intervals ('-' for alpha when nothing was drafted)."""
-    return f"[done] {label}: " + " ".join(f"{key}={with_interval(summary, key)}" for key in ("alpha", "tau", "speedup"))
+    return f"[done] {label}: " + " ".join(f"{key}={with_interval(summary, key)}" for key in INTERVAL_METRICS)
 
 
 def print_summary(summary: dict, out_dir: Path | None = None, console: Console | None = None) -> None:

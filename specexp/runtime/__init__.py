@@ -137,7 +137,8 @@ def fusion_key(decoder: LeanDecoder) -> str:
 
 
 @torch.inference_mode()
-def fusion_pays(decoder: LeanDecoder, rows: list[int], repeats: int = 5) -> bool:
+def fusion_pays(decoder: LeanDecoder, rows: list[int], repeats: int = 5,
+                clock: Callable[[], float] = time.perf_counter) -> bool:
     """Whether the decoder's pass is faster with one GEMM for q/k/v and one for gate/up than with
     the separate products, timed in context: a pass over each row count's tokens after a 32-token
     prompt, fused and separate taking turns, medians summed. (Per-shape timings in isolation
@@ -157,10 +158,10 @@ def fusion_pays(decoder: LeanDecoder, rows: list[int], repeats: int = 5) -> bool
                 for w, (qkv, gate_up) in zip(decoder.layers, fused, strict=True):
                     w.qkv, w.gate_up = (qkv, gate_up) if state else (None, None)
                 x = torch.arange(32, 32 + m, device=decoder.device)[None] % vocab_size
-                start = time.perf_counter()
+                start = clock()
                 kv.forward(decoder, x, logits_to_keep=m)
                 if repeat:
-                    seconds[state][m].append(time.perf_counter() - start)
+                    seconds[state][m].append(clock() - start)
                 kv.drop_last(torch.tensor([m], device=decoder.device))
     for w, (qkv, gate_up) in zip(decoder.layers, fused, strict=True):
         w.qkv, w.gate_up = qkv, gate_up

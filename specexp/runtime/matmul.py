@@ -9,7 +9,6 @@ formulation wins depends on the CPU, the shape and the row count, so it is measu
 assumed. Every formulation computes the same product (equal within rounding).
 """
 
-import hashlib
 import json
 import platform
 import statistics
@@ -23,6 +22,8 @@ import torch.nn.functional as F
 from filelock import FileLock
 from torch import nn
 from tqdm.auto import tqdm
+
+from specexp.output import short_hash
 
 
 def _w_xt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -147,8 +148,7 @@ class MatmulPlans:
     def __init__(self, folder: Path, device: torch.device):
         self.fingerprint = hardware_fingerprint(device)
         keyed = {**self.fingerprint, "method": PLAN_METHOD, "formulations": sorted(FORMULATIONS)}
-        digest = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
-        self.path = Path(folder) / f"matmul-{digest}.json"
+        self.path = Path(folder) / f"matmul-{short_hash(keyed)}.json"
 
     def _read(self) -> dict:
         if not self.path.exists():

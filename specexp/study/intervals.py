@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from specexp.core import metrics
-from specexp.core.k_policy import position_counts
+from specexp.core.metrics import position_counts
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -50,7 +50,7 @@ def prompt_sums(spec_rounds: pd.DataFrame, k: int) -> dict[str, np.ndarray]:
     codes, _ = pd.factorize(spec_rounds["prompt_id"])
     P = codes.max() + 1 if len(codes) else 0
     looked_at = metrics.looked_at(depth, accepted)
-    reached, took = position_counts(depth, accepted, np.ones(len(depth), dtype=bool), k)  # [N, k] each
+    reached, took = position_counts(depth, accepted, None, k)  # [N, k] each
 
     def per_prompt(values: np.ndarray) -> np.ndarray:
         out = np.zeros((P,) + values.shape[1:])
@@ -152,10 +152,30 @@ def speedup_interval(paired: pd.DataFrame, rng: np.random.Generator, resamples: 
             "between_batch_halfwidth": between}
 
 
+INTERVAL_METRICS = ("alpha", "tau", "speedup")  # the headline numbers summary.json gives a METRIC_ci95: [lo, hi]
+
+
+def interval_columns(summary: dict) -> dict:
+    """A summary's headline intervals as scalar columns `METRIC_ci95_lo`, `_hi` (None where it has none)."""
+    columns = {}
+    for metric in INTERVAL_METRICS:
+        columns[f"{metric}_ci95_lo"], columns[f"{metric}_ci95_hi"] = summary.get(f"{metric}_ci95") or (None, None)
+    return columns
+
+
+def column_interval(row: pd.Series, metric: str) -> list[float] | None:
+    """A job table row's 95% interval of a metric, from its `METRIC_ci95_lo` / `_hi` columns (None without one)."""
+    lo, hi = row.get(f"{metric}_ci95_lo"), row.get(f"{metric}_ci95_hi")
+    return [lo, hi] if pd.notna(lo) and pd.notna(hi) else None
+
+
+def fmt_bounds(interval: list[float] | None, digits: int = 3) -> str:
+    """'[1.050, 1.190]'; '-' without an interval."""
+    return "-" if interval is None else f"[{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+
+
 def fmt_interval(value: float | None, interval: list[float] | None, digits: int = 3) -> str:
     """'1.120 [1.050, 1.190]'; the value alone without an interval, '-' without a value."""
     if value is None:
         return "-"
-    if interval is None:
-        return f"{value:.{digits}f}"
-    return f"{value:.{digits}f} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+    return f"{value:.{digits}f}" if interval is None else f"{value:.{digits}f} {fmt_bounds(interval, digits)}"

@@ -169,9 +169,9 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
     bootstrap intervals (specexp.study.intervals). ``batches`` holds every timing (repeats included);
     ``rounds`` what the first pass decoded."""
     rng = rng if rng is not None else np.random.default_rng(0)
-    spec, ar = rounds[rounds["mode"] == "spec"], rounds[rounds["mode"] == "ar"]
-    spec_b, ar_b = batches[batches["mode"] == "spec"], batches[batches["mode"] == "ar"]
+    (spec, ar), (spec_b, ar_b) = metrics.arms(rounds), metrics.arms(batches)
     first_pass = batches[batches["repeat"] == 0] if "repeat" in batches else batches  # what the rounds decoded
+    first_spec, first_ar = metrics.arms(first_pass)
     per_round = ["batch", "round"]
     spec_rounds = spec.drop_duplicates(per_round)  # round timings, once per batch round
     ar_rounds = ar.drop_duplicates(per_round)
@@ -227,12 +227,12 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
             "draft": float(spec_rounds["draft_s"].sum()),
             "target": float(spec_rounds["target_s"].sum()),
             "verify": float(spec_rounds["verify_s"].sum()),  # verify + commit + rewind bookkeeping
-            "prefill": float(first_pass.loc[first_pass["mode"] == "spec", "prefill_s"].sum()),
+            "prefill": float(first_spec["prefill_s"].sum()),
         },
         "rounds_spec": int(len(spec_rounds)),
         "rounds_ar": int(len(ar_rounds)),
-        "tokens_spec": int(first_pass.loc[first_pass["mode"] == "spec", "tokens"].sum()),
-        "tokens_ar": int(first_pass.loc[first_pass["mode"] == "ar", "tokens"].sum()),
+        "tokens_spec": int(first_spec["tokens"].sum()),
+        "tokens_ar": int(first_ar["tokens"].sum()),
     }
     categories = sorted(c for c in rounds["category"].dropna().unique())
     if categories:

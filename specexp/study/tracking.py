@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from specexp.output import write_atomic
+from specexp.study.intervals import interval_columns
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +105,7 @@ HEADLINE_KEYS = ("speedup", "alpha", "tau", "cost_ratio_c", "predicted_speedup",
 
 def interval_keys(summary: dict) -> dict:
     """The headline numbers' 95% intervals as scalar keys W&B can chart: `speedup_ci95_lo`, `_hi`, ..."""
-    keys = {}
-    for key in HEADLINE_KEYS:
-        if summary.get(f"{key}_ci95"):
-            keys[f"{key}_ci95_lo"], keys[f"{key}_ci95_hi"] = summary[f"{key}_ci95"]
-    return keys
+    return {key: value for key, value in interval_columns(summary).items() if value is not None}
 
 
 class WandbTracker:
