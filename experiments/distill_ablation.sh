@@ -4,4 +4,4 @@
 # Reuses the corpus and teacher caches of experiment=distill_smollm2 when they exist.
 set -euo pipefail
 python -m specexp.distill experiment=distill_ablation "$@"
-python -m specexp.distill.collect multirun/distill_ablation --markdown multirun/distill_ablation/table.md
+python -m specexp.collect multirun/distill_ablation --markdown multirun/distill_ablation/table.md

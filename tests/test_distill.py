@@ -11,7 +11,6 @@ import torch
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.distill.__main__ import export_student
-from specexp.distill.collect import collect, markdown
 from specexp.distill.data import DistillDataModule, documents_from_blocks, token_blocks, with_teacher_top_k
 from specexp.distill.module import DistillModule, is_on_policy_step
 from specexp.distill.student import build_student, student_from_target
@@ -20,6 +19,8 @@ from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import load_model
 from specexp.ngram.corpus import corpus_documents, self_written_prompts
+from specexp.output import markdown_table
+from specexp.reporting.collect import collect, distillation_table
 from tests.commands import run_distill, run_smoke_study, run_specexp
 from tests.conftest import EOS, tiny_model
 from tests.distilling import fit_and_validate, target_documents, toy_corpus_args, trainer
@@ -176,11 +177,11 @@ def test_distill_command_end_to_end(tmp_path):
     assert config["vocab_size"] == result["draft_vocab_size"] + 1 and config["num_hidden_layers"] == 2
     teacher_caches = [p for p in (tmp_path / "cache").glob("corpus-*-teacher-*") if (p / "dataset_info.json").exists()]
     assert len(teacher_caches) == 1  # cached for the next run
-    table = collect(tmp_path)
-    assert len(table) == 1 and table.loc[0, "best_alpha"] == result["best_alpha"]
-    assert table.loc[0, "student"] == "from_target" and table.loc[0, "on_policy.ratio"] == "0.5"
-    header = markdown(table).splitlines()[0]
-    assert "best_alpha" in header and "history" not in header and "run" not in header.split(" | ")
+    table = distillation_table(collect([tmp_path]))
+    assert len(table) == 1 and table.iloc[0]["best_alpha"] == result["best_alpha"]
+    assert table.iloc[0]["student"] == "from_target" and table.iloc[0]["on_policy.ratio"] == "0.5"
+    header = markdown_table(table).splitlines()[0]
+    assert "best_alpha" in header and "greedy_match" in header and "path" not in header.split(" | ")
 
     study = run_smoke_study("draft=small_lm", f"draft.model={run_dir / 'student'}", f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]

@@ -38,7 +38,9 @@ SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook
 
 
 @pytest.mark.default_target
-@pytest.mark.parametrize("name", ["k_sweep", *SMOKE_SWEEPS, "distill_ablation"])
+# the k_sweep notebook reads the sweep test_sweeps checks: on that test's worker, never waiting for another's
+@pytest.mark.parametrize("name", [pytest.param("k_sweep", marks=pytest.mark.xdist_group("smoke_k_sweep")),
+                                  *SMOKE_SWEEPS, "distill_ablation"])
 def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, monkeypatch, request):
     sweep = tmp_path / name
     if name == "k_sweep":  # the sweep test_sweeps checks, made once per test run

@@ -65,6 +65,7 @@ def test_launchers_and_loggers_compose(launcher, logger):
 
 
 @pytest.mark.default_target
+@pytest.mark.xdist_group("smoke_k_sweep")  # with the notebook that reads the same sweep (no worker waits for it)
 def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     sweep, out = smoke_k_sweep
     assert out.returncode == 0, out.stderr[-3000:]
@@ -127,7 +128,7 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
 @pytest.mark.default_target
 def test_wandb_offline_run_is_written_and_read_back(tmp_path):
     run_dir = tmp_path / "run"
-    out = run_specexp("logger=wandb", "data.limit=2", "max_new_tokens=6", f"hydra.run.dir={run_dir}")
+    out = run_specexp("logger=wandb", "size=smoke", "data.limit=2", "max_new_tokens=6", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     (wandb_dir,) = (run_dir / "wandb").glob("offline-run-*")
@@ -153,7 +154,7 @@ def test_wandb_offline_run_is_written_and_read_back(tmp_path):
 @pytest.mark.parametrize("breakage", [["logger.dir=/dev/null/wandb"], ["logger.mode=no-such-mode"]])
 def test_failing_wandb_keeps_local_results_and_the_job(tmp_path, breakage):
     run_dir = tmp_path / "run"
-    out = run_specexp("logger=wandb", *breakage, "data.limit=1", "max_new_tokens=4", f"hydra.run.dir={run_dir}")
+    out = run_specexp("logger=wandb", *breakage, "size=smoke", "data.limit=1", "max_new_tokens=4", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "W&B disabled for this run" in out.stdout + out.stderr  # Hydra's job logging prints to stdout
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "ok"

@@ -1,9 +1,11 @@
 """`python -m specexp.collect PATH [PATH ...]`: every job of one or more sweeps as one table.
 
-One row per job folder (a folder with Hydra's .hydra/config.yaml): the flattened config
-(`cfg.` columns), the metrics of summary.json, and a status: ok, failed (error.json, with
-the error) or incomplete (killed or still running). Writes PATH/collected.parquet and
-collected.csv (the analysis notebooks' input) and prints a compact comparison table.
+One row per job folder (a folder with Hydra's .hydra/config.yaml), a study's or a distillation's
+(`kind`): the flattened config (`cfg.` columns), the Hydra choices (`choice.`), the command-line
+overrides (`set.`), the metrics (a study's summary.json; a distillation's result.json and its best
+validation) and a status: ok, failed (error.json, with the error) or incomplete (killed or still
+running). Writes PATH/collected.parquet and collected.csv (the analysis notebooks' input), prints
+a compact comparison table and, with --markdown FILE, writes it as markdown too.
 """
 
 import argparse
@@ -16,40 +18,68 @@ from rich.console import Console
 from rich.table import Table
 
 from specexp.cli import fail, one_line_errors
+from specexp.output import markdown_table
 from specexp.study.intervals import INTERVAL_METRICS, column_interval, fmt_interval, interval_columns
 
 METRICS = ("alpha", "drafted_acceptance_rate", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
            "verify_cost_ratio", "mean_k", "k_policy", "predicted_speedup", "realized_over_predicted",
            "predicted_speedup_iid", "predicted_tokens_per_round", "profile", "greedy_match", "n_prompts",
            "accepted_per_pass", "nodes_per_pass")
+DISTILL_METRICS = ("best_alpha", "steps", "parameters", "draft_vocab_size", "corpus_tokens")
 SHOWN = ("job", "status", "alpha", "tau", "speedup", "predicted_speedup", "realized_over_predicted", "cost_ratio_c")
+
+
+def overrides_of(job_dir: Path) -> dict[str, str]:
+    """The job's own command-line overrides (key -> value), without Hydra's and the experiment's."""
+    path = job_dir / ".hydra" / "overrides.yaml"
+    overrides = OmegaConf.load(path) if path.exists() else []
+    return dict(str(o).split("=", 1) for o in overrides if "=" in str(o) and not str(o).startswith(("hydra.", "experiment=")))
+
+
+def validation_history(job_dir: Path) -> list[dict]:
+    """A distillation's validations in order (metrics.jsonl: one JSON object per line)."""
+    path = job_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def study_metrics(summary: dict) -> dict:
+    row = {"kind": "study", "status": summary.get("status", "ok")} | {m: summary.get(m) for m in METRICS}
+    row["k_max"] = summary.get("k")  # the K a fixed-K job ran, the most a K policy could choose
+    row.update(interval_columns(summary))  # 95% intervals as two columns each
+    row["timing_passes"] = (summary.get("timing") or {}).get("passes")
+    curve_ci = summary.get("acceptance_curve_ci95") or []
+    for i, a in enumerate(summary.get("acceptance_curve") or [], start=1):
+        row[f"acceptance_pos{i}"] = a
+        lo, hi = (curve_ci[i - 1] if i <= len(curve_ci) else None) or (None, None)
+        row[f"acceptance_pos{i}_ci95_lo"], row[f"acceptance_pos{i}_ci95_hi"] = lo, hi
+    for cat, values in (summary.get("per_category") or {}).items():
+        row.update({f"{m}.{cat}": v for m, v in values.items()})
+    row.update({f"time_split.{k}": v for k, v in (summary.get("time_split") or {}).items()})
+    return row
+
+
+def distill_metrics(result: dict, history: list[dict]) -> dict:
+    """A finished distillation: its result and the greedy match of its best validation."""
+    best = max(history, key=lambda v: v.get("val/alpha", float("-inf")), default={})
+    return {"kind": "distill", "status": "ok", "greedy_match": best.get("val/greedy_match")} | \
+        {m: result.get(m) for m in DISTILL_METRICS}
 
 
 def job_row(job_dir: Path, root: Path) -> dict:
     config = OmegaConf.to_container(OmegaConf.load(job_dir / ".hydra" / "config.yaml"), resolve=False)
-    overrides = OmegaConf.load(job_dir / ".hydra" / "overrides.yaml") if (job_dir / ".hydra" / "overrides.yaml").exists() else []
+    overrides = overrides_of(job_dir)
     row = {"job": str(job_dir.relative_to(root)) if job_dir != root else job_dir.name, "path": str(job_dir),
-           "overrides": " ".join(str(o) for o in overrides)}
+           "overrides": " ".join(f"{k}={v}" for k, v in overrides.items())}
     row.update({f"cfg.{k}": v for k, v in pd.json_normalize(config, sep=".").iloc[0].items()})
     choices_file = job_dir / ".hydra" / "hydra.yaml"
     if choices_file.exists():
         choices = OmegaConf.load(choices_file).hydra.runtime.choices
         row.update({f"choice.{k}": v for k, v in choices.items() if not str(k).startswith("hydra")})
+    row.update({f"set.{k}": v for k, v in overrides.items()})
     if (job_dir / "summary.json").exists():
-        summary = json.loads((job_dir / "summary.json").read_text())
-        row["status"] = summary.get("status", "ok")
-        row.update({m: summary.get(m) for m in METRICS})
-        row["k_max"] = summary.get("k")  # the K a fixed-K job ran, the most a K policy could choose
-        row.update(interval_columns(summary))  # 95% intervals as two columns each
-        row["timing_passes"] = (summary.get("timing") or {}).get("passes")
-        curve_ci = summary.get("acceptance_curve_ci95") or []
-        for i, a in enumerate(summary.get("acceptance_curve") or [], start=1):
-            row[f"acceptance_pos{i}"] = a
-            lo, hi = (curve_ci[i - 1] if i <= len(curve_ci) else None) or (None, None)
-            row[f"acceptance_pos{i}_ci95_lo"], row[f"acceptance_pos{i}_ci95_hi"] = lo, hi
-        for cat, values in (summary.get("per_category") or {}).items():
-            row.update({f"{m}.{cat}": v for m, v in values.items()})
-        row.update({f"time_split.{k}": v for k, v in (summary.get("time_split") or {}).items()})
+        row.update(study_metrics(json.loads((job_dir / "summary.json").read_text())))
+    elif (job_dir / "result.json").exists():
+        row.update(distill_metrics(json.loads((job_dir / "result.json").read_text()), validation_history(job_dir)))
     elif (job_dir / "error.json").exists():
         error = json.loads((job_dir / "error.json").read_text())
         row["status"], row["error"] = "failed", error.get("error")
@@ -74,6 +104,25 @@ def collect(paths: list[Path]) -> pd.DataFrame:
     return table
 
 
+def distillation_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The distillation jobs: their overrides and results, best held-out alpha first."""
+    runs = table[table["kind"] == "distill"]
+    varied = [c for c in runs.columns if c.startswith("set.") and runs[c].notna().any()]
+    view = runs[varied + ["best_alpha", "greedy_match", *DISTILL_METRICS[1:]]]
+    return view.rename(columns={c: c.removeprefix("set.") for c in varied}).sort_values("best_alpha", ascending=False)
+
+
+def shown_table(table: pd.DataFrame) -> pd.DataFrame:
+    """What is printed: the study jobs' headline columns (a metric with its interval in one cell) or,
+    for a sweep of distillations only, their table."""
+    kinds = table["kind"] if "kind" in table else pd.Series(None, index=table.index, dtype=object)
+    if (kinds == "distill").all():
+        return distillation_table(table)
+    studies = table[kinds != "distill"]
+    columns = [c for c in SHOWN if c in studies.columns]
+    return pd.DataFrame([[cell(row, c) for c in columns] for _, row in studies.iterrows()], columns=columns)
+
+
 def cell(row: pd.Series, column: str) -> str:
     """A table cell: a metric with its 95% interval where the job has one ('1.120 [1.050, 1.190]')."""
     value = row[column]
@@ -83,12 +132,12 @@ def cell(row: pd.Series, column: str) -> str:
 
 
 def print_table(table: pd.DataFrame, console: Console | None = None) -> None:
+    shown = shown_table(table)
     view = Table(title=f"{len(table)} jobs")
-    columns = [c for c in SHOWN if c in table.columns]
-    for column in columns:
+    for column in shown.columns:
         view.add_column(column, justify="left" if column in ("job", "status") else "right", overflow="fold")
-    for _, row in table.iterrows():
-        view.add_row(*[cell(row, c) for c in columns])
+    for row in shown.itertuples(index=False):
+        view.add_row(*(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row))
     (console or Console()).print(view)
 
 
@@ -97,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
     parser.add_argument("--out", type=Path, default=None, help="output stem (default: FIRST_PATH/collected)")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the printed table as markdown here")
     args = parser.parse_args(argv)
     with one_line_errors(FileNotFoundError):
         table = collect(args.paths)
@@ -106,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     table.to_parquet(stem.with_suffix(".parquet"), index=False)
     table.to_csv(stem.with_suffix(".csv"), index=False)
     print_table(table)
+    if args.markdown:
+        args.markdown.write_text(markdown_table(shown_table(table), digits=4))
     print(f"wrote {stem.with_suffix('.parquet')} and {stem.with_suffix('.csv')}")
 
 

@@ -23,10 +23,9 @@ from specexp.cli import fail, one_line_errors  # noqa: E402
 from specexp.core import metrics  # noqa: E402
 from specexp.costs import cost_model  # noqa: E402
 from specexp.costs.profile import Profile  # noqa: E402
-from specexp.distill.collect import collect as collect_distillation  # noqa: E402
 from specexp.output import markdown_table  # noqa: E402
 from specexp.reporting import plots  # noqa: E402
-from specexp.reporting.collect import collect  # noqa: E402
+from specexp.reporting.collect import collect, validation_history  # noqa: E402
 
 
 def study_jobs(paths: list[Path]) -> pd.DataFrame:
@@ -34,7 +33,7 @@ def study_jobs(paths: list[Path]) -> pd.DataFrame:
     table = collect(paths)
     if table.empty or "status" not in table or "alpha" not in table:
         return pd.DataFrame()
-    table = table[table["status"] == "ok"].copy()
+    table = table[(table["status"] == "ok") & (table["kind"] == "study")].copy()
     table["draft"] = early_exit_labels(table)
     table["exit_layer"] = table["cfg.draft.exit_layer"] if "cfg.draft.exit_layer" in table else None
     table["k_label"] = table["cfg.draft.k"].astype(str)  # a number, or auto / heuristic
@@ -149,18 +148,19 @@ def acceptance_by_position(jobs: pd.DataFrame) -> pd.DataFrame:
 
 
 def distillation_history(paths: list[Path]) -> pd.DataFrame:
-    """One row per (distillation run, validation), with the run's overrides as columns."""
+    """One row per (distillation run, validation), with the run's overrides and results as columns."""
+    table = collect(paths)
+    runs = table[table["kind"] == "distill"] if "kind" in table else table.iloc[:0]
     frames = []
-    for path in paths:
-        runs = collect_distillation(path)
-        for run in runs.to_dict("records"):
-            history = pd.DataFrame(run.pop("history"))
-            if not history.empty:
-                frames.append(history.assign(**{k: v for k, v in run.items() if not isinstance(v, list)}))
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if not table.empty and "objective" not in table:
-        table["objective"] = "default"
-    return table
+    for run in runs.to_dict("records"):
+        history = pd.DataFrame(validation_history(Path(run["path"])))
+        if not history.empty:
+            settings = {k.removeprefix("set."): v for k, v in run.items() if k.startswith("set.") and v == v}
+            frames.append(history.assign(**settings, best_alpha=run["best_alpha"], run=run["path"]))
+    history = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if not history.empty and "objective" not in history:
+        history["objective"] = "default"
+    return history
 
 
 def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[[], plt.Figure] | None, str]]:
