@@ -181,11 +181,11 @@ def cli_once_per_run(tmp_path_factory, name: str, args: list[str], timeout: int)
 
 @pytest.fixture(scope="session")
 def smoke_k_sweep(tmp_path_factory):
-    """`experiment=k_sweep size=smoke` on the default target at K = 1, 2, auto and heuristic (the
-    experiment's other K only add jobs of the same kind), run once per test run: (sweep folder,
-    the CLI's CompletedProcess)."""
+    """`experiment=k_sweep size=smoke` on the default target at K = 1, 2 and auto (the experiment's
+    other K only add jobs of the same kind; heuristic's schedule is test_engine's), run once per
+    test run: (sweep folder, the CLI's CompletedProcess)."""
     folder, out = cli_once_per_run(tmp_path_factory, "smoke_k_sweep", [
-        "experiment=k_sweep", "size=smoke", "draft.k=1,2,auto,heuristic", "hydra.sweep.dir={folder}/k_sweep"], 1200)
+        "experiment=k_sweep", "size=smoke", "draft.k=1,2,auto", "hydra.sweep.dir={folder}/k_sweep"], 1200)
     return folder / "k_sweep", out
 
 

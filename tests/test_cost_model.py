@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specexp.core.interface import Context, Proposal
-from specexp.core.k_policy import ModelK, expected_tokens
+from specexp.core.k_policy import HeuristicK, ModelK, expected_tokens
 from specexp.core.tree_policy import TreeK, slot_counts
 from specexp.costs import cost_model
 from specexp.costs.profile import Profile
@@ -354,3 +354,18 @@ def test_a_dynamic_tree_at_tree_auto_runs_from_the_cli_with_profiled_slot_rates(
     entry = json.loads((tmp_path / "run" / "profile.json").read_text())["drafts"][summary["draft_profile"]]
     assert len(entry["slot_reached"]) == 8 and entry["slot_reached"][0] > 0
     assert 0 <= entry["slot_accepted"][0] <= entry["slot_reached"][0]
+
+
+def test_draft_k_heuristic_builds_the_draft_for_k_max_under_hf_schedule(target):
+    """draft.k=heuristic as a study wires it: the draft built for k_max, HF's schedule choosing each
+    round's K with no profile (its schedule is test_engine's heuristic test)."""
+    from hydra import compose, initialize_config_dir
+
+    from specexp.cli import CONFIG_DIR
+    from specexp.costs.k_choice import build_draft, make_policy
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["draft=prompt_lookup", "draft.k=heuristic", "draft.k_max=6"])
+    built = build_draft(cfg.draft, target)
+    assert built.policy == "heuristic" and built.k_max == 6 == built.drafter.traits.k_max
+    assert isinstance(make_policy(built.policy, None, "prompt_lookup", built.drafter), HeuristicK)

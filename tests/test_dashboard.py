@@ -42,13 +42,14 @@ def logged_run(tmp_path_factory) -> dict:
     test run). K is fixed: draft.k=auto may rightly choose plain AR steps throughout on a machine
     where verifying costs more, and a run that drafted nothing writes no acceptance curve."""
     folder, out = cli_once_per_run(tmp_path_factory, "dashboard_logged_run", [
-        "logger=wandb", "data.limit=2", "max_new_tokens=6", "draft.k=8", "hydra.run.dir={folder}/run"], 600)
+        "logger=wandb", "size=smoke", "data.limit=2", "max_new_tokens=6", "draft.k=8", "hydra.run.dir={folder}/run"], 600)
     assert out.returncode == 0, out.stderr[-3000:]
     (wandb_dir,) = (folder / "run" / "wandb").glob("offline-run-*")
     return offline_run(wandb_dir)
 
 
 @pytest.mark.default_target
+@pytest.mark.xdist_group("dashboard_logged_run")  # the tests of one logged run share a worker: none waits for it
 def test_every_key_the_dashboard_reads_is_written_by_the_logger(logged_run):
     workspace = build_workspace("specexp", "me", group="default")
     missing = referenced_keys(workspace) - written_keys(logged_run)
@@ -56,6 +57,7 @@ def test_every_key_the_dashboard_reads_is_written_by_the_logger(logged_run):
 
 
 @pytest.mark.default_target
+@pytest.mark.xdist_group("dashboard_logged_run")
 def test_the_logged_history_draws_speedup_against_k_and_the_acceptance_curve(logged_run):
     summary = logged_run["summary"]
     (headline,) = [row for row in logged_run["history"] if "k" in row]

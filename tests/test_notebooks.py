@@ -31,7 +31,8 @@ SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook
     "draft_compare": ["experiment=draft_compare", "size=smoke", "data=mt_bench"],
     "temperature_sweep": ["experiment=temperature_sweep", "size=smoke", "sampling.temperature=0.0,0.7",
                           "draft=prompt_lookup"],
-    "batch_sweep": ["experiment=batch_sweep", "size=smoke", "batch_size=1,2"],
+    # a fixed K, unpriced: a profile per batch size is not what the notebook draws
+    "batch_sweep": ["experiment=batch_sweep", "size=smoke", "batch_size=1,2", "draft.k=4", "profile.enabled=false"],
     "prompt_sets": ["experiment=prompt_sets", "size=smoke", "draft=prompt_lookup"],
     "tree_sweep": ["experiment=tree_sweep", "size=smoke", "draft=prompt_lookup", "draft.k=2,4", "draft.branches=1,2"],
 }
