@@ -217,7 +217,7 @@ class SmallLMDrafter:
 
 def small_lm_draft(target: LoadedModel, model: str | LoadedModel, k: int = 4, dtype: str = "auto",
                    device: str | None = None, min_confidence: float = 0.0, quantize: str | None = None,
-                   branches: int = 1, depth: int | None = None, vocab_mapping: str = "tli",
+                   branches: int = 1, depth: int | None = None, vocab_mapping: str = "string",
                    min_overlap: float = 0.05) -> "SmallLMDrafter | CrossVocabDrafter":
     """draft=small_lm: the draft LM as it is where it shares the target's tokenizer, else through the
     cross-vocabulary drafter (``vocab_mapping``: tli or string; ``min_overlap``: the least share of
@@ -235,7 +235,7 @@ def small_lm_draft(target: LoadedModel, model: str | LoadedModel, k: int = 4, dt
 
 
 def embedded_smollm2_draft(target: LoadedModel, k: int = 4, dtype: str = "float32", quantize: str | None = None,
-                           vocab_mapping: str = "tli", min_overlap: float = 0.05) -> "SmallLMDrafter | CrossVocabDrafter":
+                           vocab_mapping: str = "string", min_overlap: float = 0.05) -> "SmallLMDrafter | CrossVocabDrafter":
     """The embedded SmolLM2-135M-Instruct as the draft of any target (of another family: cross-vocabulary)."""
     draft = load_embedded_target(dtype=dtype, device=str(target.model.device))
     return small_lm_draft(target, draft, k=k, quantize=quantize, vocab_mapping=vocab_mapping, min_overlap=min_overlap)
