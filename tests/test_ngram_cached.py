@@ -105,7 +105,7 @@ def test_every_draft_config_with_its_required_values_missing_is_one_line():
         if (message := missing_value(cfg, {"draft": option})) is not None:
             needs_value[option] = message
     assert needs_value == {"small_lm": "draft.model is required by draft=small_lm and has no value; give draft.model=VALUE "
-                                       "(a local model folder or a hub name like org/name, with the target's tokenizer)"}
+                                       "(a local model folder or a hub name like org/name, with its tokenizer)"}
 
 
 def test_a_missing_required_value_ends_in_one_line_and_exit_2(tmp_path):
