@@ -4,6 +4,8 @@ import math
 
 import torch
 
+from specexp.core.sampling import SamplingConfig, logits_to_probs
+
 # Each distribution test fails by chance with probability P_VALUE_THRESHOLD when the code is
 # right; the suite runs < 100 such tests, so a correct build fails spuriously with probability
 # < 100 * 1e-4 = 1% for a fresh seed (the seeds are fixed, so a given build passes or fails
@@ -88,3 +90,14 @@ def detectable_tvd(n_per_group: int, dof: int, threshold: float = P_VALUE_THRESH
     critical = _bisect(lambda x: threshold - chi2_sf(x, dof), 0.0, 10.0 * dof + 200.0)
     needed = _bisect(lambda lam: noncentral_chi2_sf(critical, dof, lam) - power, 0.0, 10.0 * dof + 500.0)
     return math.sqrt(needed / (4.0 * n_per_group))
+
+
+@torch.no_grad()
+def exact_joint(target, prompt: list[int], sampling: SamplingConfig) -> torch.Tensor:
+    """P(t1, t2, t3 | prompt) under the warped target of V tokens, flattened [V^3]: every continuation
+    of up to two tokens in one padding-free batch."""
+    V = target.vocab_size
+    prefixes = [[]] + [[a] for a in range(V)] + [[a, b] for a in range(V) for b in range(V)]
+    probs = [logits_to_probs(target.model(torch.tensor([prompt + x])).logits[0, -1], sampling) for x in prefixes]
+    p1, p2, p3 = probs[0], torch.stack(probs[1 : 1 + V]), torch.stack(probs[1 + V :]).view(V, V, V)
+    return (p1[:, None, None] * p2[:, :, None] * p3).flatten()

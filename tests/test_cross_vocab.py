@@ -24,14 +24,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from specexp.core import engine
-from specexp.core.sampling import SamplingConfig, logits_to_probs
+from specexp.core.sampling import SamplingConfig
 from specexp.drafts.cross_vocab import CrossVocabDrafter
 from specexp.drafts.small_lm import SmallLMDrafter, small_lm_draft
 from specexp.drafts.vocab_map import token_bytes, vocab_map
 from specexp.errors import UserInputError
 from tests.commands import run_smoke_study
 from tests.conftest import EOS, tiny_model
-from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, grouped_chi_square
+from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, exact_joint, grouped_chi_square
 
 ROWS = 2000  # decoded rows per prompt and sampled test
 MAX_DETECTABLE_TVD = 0.15
@@ -122,15 +122,6 @@ def test_greedy_output_is_the_target_s(cross_pair, mapping, k):
 V = 16
 SAMPLINGS = {"t1": SamplingConfig(temperature=1.0), "t0.8_top-k3": SamplingConfig(temperature=0.8, top_k=3),
              "t1.3_top-p0.7": SamplingConfig(temperature=1.3, top_p=0.7)}
-
-
-@torch.no_grad()
-def exact_joint(target, prompt: list[int], sampling: SamplingConfig) -> torch.Tensor:
-    """P(t1, t2, t3 | prompt) under the warped target, flattened [V^3]."""
-    prefixes = [[]] + [[a] for a in range(V)] + [[a, b] for a in range(V) for b in range(V)]
-    probs = [logits_to_probs(target.model(torch.tensor([prompt + x])).logits[0, -1], sampling) for x in prefixes]
-    p1, p2, p3 = probs[0], torch.stack(probs[1 : 1 + V]), torch.stack(probs[1 + V :]).view(V, V, V)
-    return (p1[:, None, None] * p2[:, :, None] * p3).flatten()
 
 
 def sampled_case(cross_pair, mapping: str, k: int, sampling_name: str) -> tuple[float, float, int]:

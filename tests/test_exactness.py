@@ -28,7 +28,7 @@ from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.core.verify import tree_verify
 from tests.conftest import build_ngram_files, tiny_model
 from tests.drafters import DRAFT_KINDS, GRID_CASE_OF_CONFIG, NOT_IN_THE_SAMPLED_GRID, make_drafter
-from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, grouped_chi_square
+from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, exact_joint, grouped_chi_square
 
 V = 8
 ROWS = 3000  # decoded rows per prompt and test
@@ -75,16 +75,6 @@ def pair(tmp_path_factory):
     target = tiny_model(20, layers=2, vocab_size=V, scale=10.0)  # sharp, like an LM: ~1.7 nats per token at T = 1
     other = tiny_model(21, layers=1, vocab_size=V, scale=10.0)
     return target, other, build_ngram_files(target, tmp_path_factory.mktemp("ngram8"), seed=1)
-
-
-@torch.no_grad()
-def exact_joint(target, prompt: list[int], sampling: SamplingConfig) -> torch.Tensor:
-    """P(t1, t2, t3 | prompt) under the warped target, flattened [V^3]: every continuation of up
-    to two tokens in one padding-free batch."""
-    prefixes = [[]] + [[a] for a in range(V)] + [[a, b] for a in range(V) for b in range(V)]
-    probs = [logits_to_probs(target.model(torch.tensor([prompt + x])).logits[0, -1], sampling) for x in prefixes]
-    p1, p2, p3 = probs[0], torch.stack(probs[1 : 1 + V]), torch.stack(probs[1 + V :]).view(V, V, V)
-    return (p1[:, None, None] * p2[:, :, None] * p3).flatten()
 
 
 def decode_counts(target, drafter, sampling: SamplingConfig, seed: int) -> tuple[torch.Tensor, engine.GenerationOutput]:

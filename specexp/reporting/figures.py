@@ -30,7 +30,11 @@ from specexp.reporting.collect import collect, validation_history  # noqa: E402
 
 def study_jobs(paths: list[Path]) -> pd.DataFrame:
     """Finished study jobs with short column names: draft, k, temperature, batch_size, metrics."""
-    table = collect(paths)
+    return finished_studies(collect(paths))
+
+
+def finished_studies(table: pd.DataFrame) -> pd.DataFrame:
+    """`study_jobs` of a collected table (reporting/collect.collect)."""
     if table.empty or "status" not in table or "alpha" not in table:
         return pd.DataFrame()
     table = table[(table["status"] == "ok") & (table["kind"] == "study")].copy()
@@ -149,7 +153,11 @@ def acceptance_by_position(jobs: pd.DataFrame) -> pd.DataFrame:
 
 def distillation_history(paths: list[Path]) -> pd.DataFrame:
     """One row per (distillation run, validation), with the run's overrides and results as columns."""
-    table = collect(paths)
+    return validations(collect(paths))
+
+
+def validations(table: pd.DataFrame) -> pd.DataFrame:
+    """`distillation_history` of a collected table."""
     runs = table[table["kind"] == "distill"] if "kind" in table else table.iloc[:0]
     frames = []
     for run in runs.to_dict("records"):
@@ -228,7 +236,8 @@ def make_figures(paths: list[Path], out: Path) -> tuple[list[str], dict[str, str
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise FileNotFoundError(f"'{missing[0]}' does not exist")
-    jobs, history = study_jobs(paths), distillation_history(paths)
+    table = collect(paths)  # every job folder read once
+    jobs, history = finished_studies(table), validations(table)
     out.mkdir(parents=True, exist_ok=True)
     plots.paper_theme()
     written, skipped = [], {}
