@@ -15,7 +15,7 @@ import pytest
 import torch
 from filelock import FileLock
 from hypothesis import settings
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from specexp.models import LoadedModel
 from tests.commands import run_specexp
@@ -54,6 +54,24 @@ def tiny_model(seed: int, layers: int = 2, vocab_size: int = 64, hidden: int = 3
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)
     return LoadedModel(model=model, tokenizer=None, name=f"tiny-{seed}-{layers}L-v{vocab_size}")
+
+
+def tiny_gemma3(seed: int, window: int = 4) -> LoadedModel:
+    """A random Gemma3 text decoder (the second family's shape: q/k norms, norms around each block, a
+    scaled embedding, a tied head) whose first and last of 3 layers see only ``window`` positions back."""
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=256, query_pre_attn_scalar=8,
+        sliding_window=window, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        eos_token_id=EOS, pad_token_id=0, bos_token_id=None,
+    )
+    model = Gemma3ForCausalLM(config).to(torch.float64).eval()
+    with torch.no_grad():  # norms start at zero (a (1 + w) scale): make them count
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    return LoadedModel(model=model, tokenizer=None, name=f"tiny-gemma3-{seed}-w{window}")
 
 
 @pytest.fixture(scope="session")

@@ -100,7 +100,8 @@ def test_default_study_end_to_end(tmp_path):
         assert key in summary, key
     assert summary["greedy_match"] == 1.0 and summary["k_policy"] == "auto"  # K chosen per round, up to k_max = 8
     assert len(summary["acceptance_curve"]) == 8 and summary["n_prompts"] == 2
-    assert set(summary["time_split"]) == {"draft", "target", "verify", "prefill"}
+    assert set(summary["time_split"]) == {"draft", "draft_reencode", "target", "verify", "prefill"}
+    assert summary["time_split"]["draft_reencode"] == 0.0 and summary["reencode_ms_per_round"] == 0.0  # one tokenizer
     assert len(summary["per_category"]) == 2
     rounds = pd.read_parquet(run_dir / "rounds.parquet")
     expected = {"prompt_id", "category", "round", "k", "k_chosen", "context", "group", "accepted", "emitted", "draft_s",

@@ -116,7 +116,10 @@ def test_greedy_output_is_the_target_s(cross_pair, mapping, k):
     ar = engine.generate(target.model, prompts, None, SamplingConfig(), 24, NO_EOS, torch.Generator().manual_seed(0))
     spec = engine.generate(target.model, prompts, drafter, SamplingConfig(), 24, NO_EOS, torch.Generator().manual_seed(0))
     assert spec.tokens == ar.tokens
-    assert int(spec.n_proposed.sum()) > 0 and len(drafter.reencode_s) > 0
+    assert int(spec.n_proposed.sum()) > 0
+    # every drafted round re-encoded text and reported it within its draft time; AR rounds none
+    assert all(0 < r <= d for r, d in zip(spec.reencode_s, spec.draft_s, strict=True))
+    assert ar.reencode_s == [0.0] * len(ar.draft_s)
 
 
 V = 16
@@ -187,6 +190,8 @@ def test_a_draft_of_another_tokenizer_runs_from_the_cli_on_the_default_target(by
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["greedy_match"] == 1.0 and summary["draft"] == "CrossVocabDrafter"
+    assert 0.05 < summary["vocab_overlap"] <= 1 and summary["reencode_ms_per_round"] > 0
+    assert 0 < summary["time_split"]["draft_reencode"] < summary["time_split"]["draft"]
 
 
 @pytest.mark.default_target

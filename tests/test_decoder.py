@@ -4,6 +4,8 @@ supported architecture, fused projections, taps, split forwards, and which model
 import pytest
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GemmaConfig,
     GemmaForCausalLM,
     LlamaConfig,
@@ -17,9 +19,10 @@ from transformers import (
 )
 
 from specexp.core.kv import StaticRaggedKV
+from specexp.core.masks import attention_mask_4d
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
-from specexp.runtime.decoder import LeanDecoder, attention_mask_4d, lean_decoder, unsupported_reason
+from specexp.runtime.decoder import LeanDecoder, lean_decoder, unsupported_reason
 
 TINY = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
@@ -29,6 +32,11 @@ ARCHITECTURES = {
     "mistral": lambda: MistralForCausalLM(MistralConfig(**TINY, sliding_window=None)),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**TINY)),  # q/k/v biases
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**TINY)),  # per-head q/k norms
+    # q/k norms, norms after attention and MLP, a scaled embedding, a tied head, a logit cap, and a window of
+    # 4 (the passes reach ~40 tokens) on two of three layers with their own rope base
+    "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(
+        **TINY, sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        query_pre_attn_scalar=16, final_logit_softcapping=3.0)),
 }
 
 
@@ -117,6 +125,7 @@ def test_float32_default_target_matches_transformers_within_rounding(embedded_ta
 def test_which_models_take_it():
     assert unsupported_reason(tiny("llama")) is None
     assert unsupported_reason(tiny("qwen3")) is None
+    assert unsupported_reason(tiny("gemma3")) is None  # its sliding layers too
     assert "sliding window" in unsupported_reason(MistralForCausalLM(MistralConfig(**TINY, sliding_window=16)))
     assert "model_type 'gemma'" in unsupported_reason(GemmaForCausalLM(GemmaConfig(**TINY)))
     with pytest.raises(UserInputError, match="cannot run GemmaForCausalLM"):

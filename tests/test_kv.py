@@ -5,10 +5,18 @@ import torch
 
 from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.runtime.decoder import lean_decoder
+from tests.conftest import tiny_gemma3
 
 # (forward, cache): transformers' forward on its DynamicCache (runtime=hf), the lean decoder on the
 # same, and the lean decoder on the static cache (runtime=lean), started small so it must grow.
 SETUPS = ["hf-dynamic", "lean-dynamic", "lean-static"]
+
+
+@pytest.fixture(params=["llama", "gemma3-window4"])
+def any_target(request, target):
+    """The tiny Llama, and a tiny Gemma3 whose sliding layers see 4 positions: the rounds below reach
+    ~30 tokens with holes left by ragged rows, so a window taken over slots instead of positions fails."""
+    return target if request.param == "llama" else tiny_gemma3(0)
 
 
 def make(target, setup: str, batch_size: int):
@@ -43,9 +51,10 @@ def assert_next_token_is_fresh(target, model, kv, committed: list[list[int]], g:
 
 
 @pytest.mark.parametrize("setup", SETUPS)
-def test_rewound_cache_gives_fresh_forward_logits(target, setup):
+def test_rewound_cache_gives_fresh_forward_logits(any_target, setup):
     """B = 3 left-padded rows, rounds of 1..9 tokens (K = 0..8) with per-row rewinds, like ragged
     accepts; each probe's logits equal HF's forward of that row alone, with no cache."""
+    target = any_target
     g = torch.Generator().manual_seed(0)
     V = target.vocab_size
     model, kv, committed = prefilled(target, setup)
@@ -115,10 +124,11 @@ def root_path(parents: list[int], node: int) -> list[int]:
 
 
 @pytest.mark.parametrize("setup", SETUPS)
-def test_tree_pass_gives_each_nodes_path_logits_and_keeps_the_accepted_path(target, setup):
+def test_tree_pass_gives_each_nodes_path_logits_and_keeps_the_accepted_path(any_target, setup):
     """Rounds of token trees (random shapes per row, after ragged rounds left holes): each node's
     logits equal a fresh forward of its row's committed tokens, the tip and the node's path; after
     keep_path the cache continues exactly as if only the accepted path had been appended."""
+    target = any_target
     g = torch.Generator().manual_seed(1)
     V = target.vocab_size
     model, kv, committed = prefilled(target, setup)

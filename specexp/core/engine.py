@@ -38,6 +38,7 @@ class GenerationOutput:
     k_chosen: list[int] = field(default_factory=list)  # [R] K asked of the draft (0: no draft that round)
     context: list[int] = field(default_factory=list)  # [R] committed tokens of the longest row (what the pass attends to)
     draft_s: list[float] = field(default_factory=list)  # [R] seconds proposing
+    reencode_s: list[float] = field(default_factory=list)  # [R] of draft_s: re-encoding text (Proposal.reencode_s)
     target_s: list[float] = field(default_factory=list)  # [R] seconds in the target pass + warp
     verify_s: list[float] = field(default_factory=list)  # [R] seconds verifying, committing, rewinding
     prefill_s: float = 0.0  # prompt pass of the target (with the first new token) and draft reset
@@ -161,9 +162,9 @@ def target_pass(target: Callable, drafter: Drafter | None, state: Decoding, prop
 
 
 def decode_round(target: Callable, drafter: Drafter | None, state: Decoding, k_round: int, sampling: SamplingConfig,
-                 generator: torch.Generator | None, k_policy: KPolicy | None, timer: Callable[[], None]) -> torch.Tensor:
-    """One round for every row still generating; returns its accepted path [B, D] and appends the
-    round's statistics to ``state.logs``; ``timer`` marks the ends of drafting and of the target pass."""
+                 generator: torch.Generator | None, k_policy: KPolicy | None, timer: Callable[[], None]) -> Proposal:
+    """One round for every row still generating; returns its verified proposal (``accepted_path`` filled in)
+    and appends the round's statistics to ``state.logs``; ``timer`` marks the ends of drafting and of the target pass."""
     ctx, B, device = state.ctx, state.tip.shape[0], state.tip.device
     # 1. Propose up to K tokens per row with their q (K = 0: the draft sits the round out).
     if k_round == 0:
@@ -204,7 +205,7 @@ def decode_round(target: Callable, drafter: Drafter | None, state: Decoding, k_r
     depth = proposal_depth(proposal.tokens, proposal.probs, proposal.n_proposed, proposal.parents)
     for name, value in zip(ROUND_STATS, (proposal.n_proposed, depth, n_accepted, n_emit, active, group), strict=True):
         state.logs[name].append(value)
-    return path
+    return proposal
 
 
 def finish(out: GenerationOutput, state: Decoding) -> GenerationOutput:
@@ -279,9 +280,11 @@ def generate(
         out.context.append(int(state.ctx.lengths.max()))
         k_round = k_max if k_policy is None else k_policy.choose(state.ctx)
         out.k_chosen.append(k_round)
-        out.paths.append(decode_round(target, drafter, state, k_round, sampling, generator, k_policy, mark))
+        proposal = decode_round(target, drafter, state, k_round, sampling, generator, k_policy, mark)
         marks.append(clock())
+        out.paths.append(proposal.accepted_path)
         out.draft_s.append(marks[1] - marks[0])
+        out.reencode_s.append(proposal.reencode_s)
         out.target_s.append(marks[2] - marks[1])
         out.verify_s.append(marks[3] - marks[2])
 

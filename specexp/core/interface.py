@@ -50,6 +50,9 @@ class Proposal:
     parents: torch.Tensor | None = None
     # [B, D] long, filled in by the engine after verification: the accepted nodes in order (-1 past them)
     accepted_path: torch.Tensor | None = None
+    # seconds of this proposal spent re-encoding text between tokenizers (a cross-vocabulary draft;
+    # 0 for the rest): a part of the round's draft time, reported apart as the pair's tokenizer tax
+    reencode_s: float = 0.0
 
     @classmethod
     def empty(cls, batch_size: int, vocab_size: int, device: torch.device) -> "Proposal":
@@ -78,6 +81,9 @@ class DraftTraits:
     hidden_layers: tuple[int, ...] = ()
     shares_target_pass: bool = False  # it runs the round's target pass itself (SharesTargetPass)
     needs_reference: bool = False  # it is shown the target's own greedy continuations first (NeedsReference)
+    # a draft of another tokenizer: the share of its text tokens the target spells with the same bytes
+    # (drafts/vocab_map.py); None: it drafts in the target's own ids
+    vocab_overlap: float | None = None
 
 
 class Drafter(Protocol):

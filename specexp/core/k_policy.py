@@ -34,7 +34,7 @@ def truncate(proposal: Proposal, k: int) -> Proposal:
     """The proposal's first k tokens of every row (of a tree: its first k nodes, still a tree)."""
     return Proposal(tokens=proposal.tokens[:, :k], probs=proposal.probs[:, :k],
                     n_proposed=proposal.n_proposed.clamp(max=k), group=proposal.group,
-                    parents=None if proposal.parents is None else proposal.parents[:, :k])
+                    parents=None if proposal.parents is None else proposal.parents[:, :k], reencode_s=proposal.reencode_s)
 
 
 def expected_tokens(run_probability: np.ndarray, limits: np.ndarray, k_max: int) -> np.ndarray:

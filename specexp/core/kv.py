@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specexp.core.masks import attention_mask_4d, masks_by_layer_type, sliding_window
 from specexp.core.tree import tree_mask, tree_positions
 
 
@@ -100,20 +101,27 @@ class RaggedKV(RaggedPasses):
     cache: DynamicCache
     mask: torch.Tensor  # [B, L] long: 1 = slot holds a valid token of that row
     n_valid: torch.Tensor  # [B] long: valid tokens per row = position id of the next token
+    window: int | None = None  # a windowed model's (Gemma3's sliding layers): the pass's masks are built here
 
     @classmethod
     def empty(cls, model: PreTrainedModel, batch_size: int, device: torch.device) -> "RaggedKV":
+        window = sliding_window(model.config)
         return cls(
-            cache=DynamicCache(config=model.config),
+            # a windowed model's sliding layers would evict by slot count; ragged rows need every slot kept
+            cache=DynamicCache() if window else DynamicCache(config=model.config),
             mask=torch.zeros(batch_size, 0, dtype=torch.long, device=device),
             n_valid=torch.zeros(batch_size, dtype=torch.long, device=device),
+            window=window,
         )
 
     def _call(self, model, input_ids, positions, allowed: torch.Tensor | None, logits_to_keep: int,
               hidden_layers: tuple[int, ...]):
         attention_mask, extra = self.mask, {}
         lean = getattr(model, "takes_block_mask", False)  # the lean decoder: a 4-D bool mask, chosen hidden states
-        if allowed is not None:
+        if self.window and not lean:  # transformers' window counts slots: give it masks over positions
+            allowed = allowed if allowed is not None else attention_mask_4d(self.mask, input_ids.shape[1])
+            attention_mask = masks_by_layer_type(allowed, self.mask, positions, self.window, model.dtype)
+        elif allowed is not None:
             if lean:
                 extra["mask"] = allowed
             else:  # transformers takes a 4-D additive mask as it is

@@ -86,10 +86,9 @@ class CrossVocabDrafter:
         self.shared_ids = (to_target >= 0).nonzero().flatten().to(device)  # [N] draft ids it may propose (tli)
         self.shared_targets = to_target[to_target >= 0].to(device)  # [N] their target ids
         self.empty_text_id = next(i for i in (draft.tokenizer.bos_token_id, draft.tokenizer.eos_token_id, 0) if i is not None)
-        self.traits = DraftTraits(k_max=k, models=(self.draft.model,))
+        self.traits = DraftTraits(k_max=k, models=(self.draft.model,), vocab_overlap=self.vocab_map.overlap)
         self.kv: RaggedKV | StaticRaggedKV | None = None
         self.cached: list[list[int]] = []  # per row: the draft ids its cache holds
-        self.reencode_s: list[float] = []  # per proposal: seconds decoding and re-encoding text (both mappings)
 
     def reset(self, ctx: Context) -> None:
         self.kv = None
@@ -149,7 +148,7 @@ class CrossVocabDrafter:
             started = time.perf_counter()
             proposal = self._string_proposal(committed, drafted.tolist(), k, ctx.tokens.device)
             reencode_s += time.perf_counter() - started
-        self.reencode_s.append(reencode_s)
+        proposal.reencode_s = reencode_s  # decoding and re-encoding text, both mappings
         return proposal
 
     def _string_proposal(self, committed: list[list[int]], drafted: list[list[int]], k: int,

@@ -24,7 +24,7 @@ from specexp.study.intervals import INTERVAL_METRICS, column_interval, fmt_inter
 METRICS = ("alpha", "drafted_acceptance_rate", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
            "verify_cost_ratio", "mean_k", "k_policy", "predicted_speedup", "realized_over_predicted",
            "predicted_speedup_iid", "predicted_tokens_per_round", "profile", "greedy_match", "n_prompts",
-           "accepted_per_pass", "nodes_per_pass")
+           "accepted_per_pass", "nodes_per_pass", "target", "vocab_overlap", "reencode_ms_per_round")
 DISTILL_METRICS = ("best_alpha", "steps", "parameters", "draft_vocab_size", "corpus_tokens")
 SHOWN = ("job", "status", "alpha", "tau", "speedup", "predicted_speedup", "realized_over_predicted", "cost_ratio_c")
 

@@ -13,8 +13,11 @@ still works on the same model), one SDPA call per layer, and the cache's ``updat
 It is split at any layer (early exit runs layers [0, L) as a draft and [L, N) to verify, over
 one shared cache) and taps chosen layers' hidden states (drafts that read the target's
 features). Llama-shaped decoders take it (Llama, SmolLM2, Mistral without a sliding window,
-Qwen2, Qwen3); `runtime=hf` keeps transformers' forward for any other and is the reference
-tests/test_decoder.py checks it against.
+Qwen2, Qwen3) and Gemma3's text decoder (its scaled embedding and (1 + w) norms are its own
+modules; here: the q/k norms, the norms around attention and MLP, a rotation per layer type, and
+the sliding-window layers' mask, taken over each row's positions so ragged caches stay exact);
+`runtime=hf` keeps transformers' forward for any other and is the reference tests/test_decoder.py
+checks it against.
 """
 
 import weakref
@@ -26,11 +29,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
+from specexp.core.masks import attention_mask_4d, key_positions, windowed
 from specexp.errors import UserInputError
 from specexp.models import spread_over_devices
 from specexp.runtime.int8 import Int8WeightLinear
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+LAYER_TYPES = {"full_attention", "sliding_attention"}  # sliding: Gemma3's (each attention module names its window)
 PLAIN_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 
 
@@ -42,10 +47,13 @@ def unsupported_reason(model: nn.Module) -> str | None:
     kind = getattr(config, "model_type", None)
     if kind not in ARCHITECTURES:
         return f"model_type '{kind}' is not one of {', '.join(ARCHITECTURES)}"
-    if set(getattr(config, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
-        return f"it has {sorted(set(config.layer_types))} layers; only full attention is supported"
-    if getattr(config, "use_sliding_window", kind == "mistral") and getattr(config, "sliding_window", None):
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if not layer_types <= LAYER_TYPES or (kind != "gemma3_text" and layer_types != {"full_attention"}):
+        return f"it has {sorted(layer_types)} layers; only full attention (and Gemma3's sliding window) is supported"
+    if kind == "mistral" and getattr(config, "sliding_window", None):
         return f"it uses a sliding window of {config.sliding_window}"
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return f"it caps attention logits (attn_logit_softcapping={config.attn_logit_softcapping}), which SDPA cannot"
     decoder = model.get_decoder()
     if not all(hasattr(decoder, n) for n in ("embed_tokens", "layers", "rotary_emb", "norm")):
         return f"{type(model).__name__} has no Llama-style decoder (embed_tokens, layers, rotary_emb, norm)"
@@ -66,18 +74,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torc
     """The rotary embedding of x [B, T, heads, hd] (transformers' half-split layout), in 4 ops.
     Bit-identical to x * cos + rotate_half(x) * sin: negating a factor is exact."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
-
-
-def attention_mask_4d(attention_mask: torch.Tensor, T: int) -> torch.Tensor:
-    """Slot validity [B, S+T] (long) -> which keys each of the T new queries sees [B, 1, T, S+T] (bool).
-
-    Causal within the new tokens. A query that sees nothing (a left-padding position) sees every
-    slot instead, as transformers does for SDPA: its output is never used, and a fully masked row
-    would make NaNs."""
-    L, device = attention_mask.shape[1], attention_mask.device
-    causal = torch.arange(L, device=device)[None, :] <= torch.arange(L - T, L, device=device)[:, None]  # [T, L]
-    allowed = attention_mask.bool()[:, None, None, :] & causal  # [B, 1, T, L]
-    return allowed | ~allowed.any(-1, keepdim=True)
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -144,6 +140,12 @@ class LeanDecoder:
         self.embed_tokens, self.rotary_emb, self.norm = decoder.embed_tokens, decoder.rotary_emb, decoder.norm
         self.lm_head = model.get_output_embeddings()
         self.layers = [LayerWeights(layer) for layer in decoder.layers]
+        text_config = model.config.get_text_config()
+        self.layer_types = list(getattr(text_config, "layer_types", None) or ["full_attention"] * len(self.layers))
+        # a layer's window (Gemma3's sliding layers), None for full attention
+        self.windows = [getattr(w.layer.self_attn, "sliding_window", None) for w in self.layers]
+        self.rotation_per_type = hasattr(self.rotary_emb, "layer_types")  # Gemma3: a rope base per layer type
+        self.logit_cap = getattr(text_config, "final_logit_softcapping", None)
         self.fused = False
         if fuse_projections:
             self.fuse()
@@ -197,7 +199,30 @@ class LeanDecoder:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states [..., H] after the last layer -> logits [..., V]."""
-        return self.lm_head(rms_norm(self.norm, hidden))
+        logits = self.lm_head(rms_norm(self.norm, hidden))
+        if self.logit_cap is not None:  # Gemma's soft cap: cap * tanh(logits / cap)
+            logits = torch.tanh(logits / self.logit_cap) * self.logit_cap
+        return logits
+
+    def _rotations(self, hidden: torch.Tensor, position_ids: torch.Tensor, layers: range) -> dict:
+        """cos and signed sin [B, T, 1, hd] (broadcast over heads) for each layer type in ``layers``."""
+        rotations = {}
+        for kind in {self.layer_types[i] for i in layers}:
+            cos, sin = (self.rotary_emb(hidden, position_ids, kind) if self.rotation_per_type
+                        else self.rotary_emb(hidden, position_ids=position_ids))  # [B, T, hd]
+            rotations[kind] = cos[:, :, None], signed_sin(sin)[:, :, None]
+        return rotations
+
+    def _block(self, i: int, hidden: torch.Tensor, rotation: tuple, mask: torch.Tensor, cache) -> torch.Tensor:
+        """One decoder layer: pre-norm residual blocks (Llama), or Gemma's with a norm after each block too."""
+        layer = self.layers[i].layer
+        attended = self._attention(i, rms_norm(layer.input_layernorm, hidden), *rotation, mask, cache)
+        if not hasattr(layer, "pre_feedforward_layernorm"):
+            hidden = hidden + attended
+            return hidden + self._mlp(self.layers[i], rms_norm(layer.post_attention_layernorm, hidden))
+        hidden = hidden + rms_norm(layer.post_attention_layernorm, attended)
+        fed = self._mlp(self.layers[i], rms_norm(layer.pre_feedforward_layernorm, hidden))
+        return hidden + rms_norm(layer.post_feedforward_layernorm, fed)
 
     def _mlp(self, w: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         mlp = w.layer.mlp
@@ -220,7 +245,7 @@ class LeanDecoder:
         H = attn.q_proj.out_features // attn.head_dim
         H_kv = (qkv.shape[2] - H) // 2
         qk = qkv[:, :, : H + H_kv]  # q and k side by side: one rotation for both
-        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before the rotation
+        if hasattr(attn, "q_norm"):  # Qwen3, Gemma3: per-head RMSNorm before the rotation
             qk = torch.cat([attn.q_norm(qk[:, :, :H]), attn.k_norm(qk[:, :, H:])], dim=2)
         qk = rotate(qk, cos, sin_signed)
         q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)  # [B, H, T, hd], [B, H_kv, T, hd]
@@ -243,16 +268,16 @@ class LeanDecoder:
     ) -> torch.Tensor:
         """Run decoder layers ``layers``, appending their K/V for the T positions; returns [B, T, H]."""
         B, T, _ = hidden.shape
+        if attention_mask is None:
+            attention_mask = torch.ones(B, T, dtype=torch.long, device=hidden.device)
         if mask is None:
-            if attention_mask is None:
-                attention_mask = torch.ones(B, T, dtype=torch.long, device=hidden.device)
             mask = attention_mask_4d(attention_mask, T)
-        cos, sin = self.rotary_emb(hidden, position_ids=position_ids)  # [B, T, hd]
-        cos, sin_signed = cos[:, :, None], signed_sin(sin)[:, :, None]  # [B, T, 1, hd]: broadcast over heads
+        masks = {None: mask}  # by window
+        for window in {self.windows[i] for i in layers} - {None}:
+            masks[window] = windowed(mask, key_positions(attention_mask, position_ids), position_ids, window)
+        rotations = self._rotations(hidden, position_ids, layers)
         for i in layers:
-            layer = self.layers[i].layer
-            hidden = hidden + self._attention(i, rms_norm(layer.input_layernorm, hidden), cos, sin_signed, mask, cache)
-            hidden = hidden + self._mlp(self.layers[i], rms_norm(layer.post_attention_layernorm, hidden))
+            hidden = self._block(i, hidden, rotations[self.layer_types[i]], masks[self.windows[i]], cache)
             if taps is not None and i in taps:
                 taps[i] = hidden
         return hidden

@@ -152,6 +152,7 @@ def round_table(out: GenerationOutput, prompts: list[Prompt], mode: str, batch: 
         "emitted": out.n_emitted.numpy()[r, b],
         "group": out.group.numpy()[r, b] if out.group is not None else 0,  # prompt lookup: the match length
         "draft_s": np.asarray(out.draft_s)[r],  # per round, shared by the rows of a batch
+        "reencode_s": np.asarray(out.reencode_s, dtype=float)[r] if out.reencode_s else 0.0,  # of draft_s: text re-encoding
         "target_s": np.asarray(out.target_s)[r],
         "verify_s": np.asarray(out.verify_s)[r],
     })
@@ -177,6 +178,7 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
     ar_rounds = ar.drop_duplicates(per_round)
     ar_step_s = ar_rounds["target_s"].mean()  # one target pass over one token
     drafted_positions = spec_rounds["k_round"].sum()
+    drafted_rounds = spec_rounds[spec_rounds["k_chosen"] > 0] if "k_chosen" in spec_rounds else spec_rounds
     # c: draft seconds per drafted position / seconds of one AR target step.
     c = metrics.safe_ratio(spec_rounds["draft_s"].sum() / max(drafted_positions, 1), ar_step_s) if drafted_positions else None
     depth, accepted = metrics.positions(spec), spec["accepted"].to_numpy()  # a tree's positions are its depths
@@ -225,10 +227,15 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
         "predicted_speedup_iid": metrics.predicted_speedup(a, mean_k, c),
         "time_split": {  # seconds of the speculative run
             "draft": float(spec_rounds["draft_s"].sum()),
+            # of it: re-encoding text between the two tokenizers (a cross-vocabulary draft; else 0)
+            "draft_reencode": float(spec_rounds["reencode_s"].sum()) if "reencode_s" in spec_rounds else 0.0,
             "target": float(spec_rounds["target_s"].sum()),
             "verify": float(spec_rounds["verify_s"].sum()),  # verify + commit + rewind bookkeeping
             "prefill": float(first_spec["prefill_s"].sum()),
         },
+        # mean seconds a drafted round spent re-encoding text (a cross-vocabulary draft's tokenizer tax)
+        "reencode_ms_per_round": 1e3 * float(drafted_rounds["reencode_s"].mean())
+        if "reencode_s" in drafted_rounds and len(drafted_rounds) else None,
         "rounds_spec": int(len(spec_rounds)),
         "rounds_ar": int(len(ar_rounds)),
         "tokens_spec": int(first_spec["tokens"].sum()),
@@ -320,6 +327,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     summary["n_prompts"] = len(study.prompts)
     summary["target"] = target.name
     summary["draft"] = type(drafter).__name__
+    summary["vocab_overlap"] = drafter.traits.vocab_overlap if drafter is not None else None
     summary["runtime"] = study.runtime
     results.finish(summary, rounds_df, batches_df, study.profile.record() if study.profile is not None else None)
     tracker.log_run(summary, rounds_df, all_answers)

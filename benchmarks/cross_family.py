@@ -1,0 +1,261 @@
+"""Pairs across model families (issue 32): Gemma-3-270M drafted for by prompt lookup, by its own
+first layers, and by SmolLM2-135M-Instruct through both vocabulary mappings; the reverse pair; and
+transformers' own cross-tokenizer assisted generation on the same prompts, in one process.
+
+  python benchmarks/cross_family.py [--prompts 8] [--max-new-tokens 64] [--k 3] [--out benchmarks/cross_family.md]
+
+1. The lean runtime against transformers' forward on Gemma3: AR through our engine on each, the
+   prompts taking turns, ms/token.
+2. `target=gemma3_270m` on --prompts MT-bench and --prompts Spec-Bench prompts, greedy and T = 0.7,
+   at a fixed K (no hardware profile: pricing every K on a 270M target with a 262k head costs more
+   than the study): AR, prompt lookup, target_prefix (its first 4 layers and head), SmolLM2-135M
+   with `string` and with `tli`; every prompt decoded by every method back to back (the order
+   rotating per prompt). Each row: alpha and speedup with their 95% intervals, tau, c, the i.i.d.
+   formula's prediction from that alpha and c (Leviathan et al.; a verify pass priced as one AR step)
+   and realized/predicted, the vocabulary overlap, the re-encoding time per drafted round.
+3. The reverse pair (SmolLM2-135M target, Gemma-3-270M as its draft), greedy: a draft twice the
+   target's size cannot pay for itself (c > 1), so only its alpha and overlap say anything.
+4. transformers' `generate(assistant_model=, tokenizer=, assistant_tokenizer=)` with the same
+   SmolLM2 draft and K (constant schedule, no confidence stop): Universal Assisted Generation
+   (string level) under greedy, Universal Speculative Decoding (token-level intersection) under
+   T = 0.7, against transformers' own AR `generate`; its alpha from its candidate generator's
+   (proposed, matched) per round. Our alpha and speedup against theirs, the same prompts.
+"""
+
+import argparse
+import copy
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from common import decode_arguments, decode_ours, interleaved_summaries, report_header, write_report
+from hydra import compose, initialize_config_dir
+from transformers.generation import candidate_generator
+
+from specexp.cli import CONFIG_DIR
+from specexp.core.sampling import SamplingConfig
+from specexp.costs.k_choice import build_draft
+from specexp.data import encode_prompts, mt_bench, spec_bench
+from specexp.drafts.small_lm import small_lm_draft
+from specexp.models import LoadedModel, load_embedded_gemma3, load_embedded_target
+from specexp.runtime import LeanRuntime, round_rows
+
+SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
+DATA = {"mt_bench": mt_bench, "spec_bench": spec_bench}
+# method -> the draft config and its overrides, as `python -m specexp target=gemma3_270m draft=... ` builds it
+METHODS = {"prompt_lookup": ("prompt_lookup", ()), "target_prefix": ("target_prefix", ()),
+           "smollm2 string": ("smollm2_135m", ("draft.vocab_mapping=string",)),
+           "smollm2 tli": ("smollm2_135m", ("draft.vocab_mapping=tli",))}
+
+
+def fmt(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def fmt_ci(value, interval) -> str:
+    lo, hi = interval or (None, None)
+    return f"{fmt(value)} [{fmt(lo)}, {fmt(hi)}]"
+
+
+def built(target: LoadedModel, config: str, overrides: tuple[str, ...], k: int):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=["target=gemma3_270m", f"draft={config}", f"draft.k={k}",
+                                                       *overrides])
+    return build_draft(cfg.draft, target).drafter
+
+
+def runtime_cost(target: LoadedModel, lean_forward, encoded: list[list[int]], max_new: int) -> list[str]:
+    """AR ms/token through our engine: transformers' forward and the lean decoder taking turns."""
+    seconds, tokens, same = {"hf": [], "lean": []}, {"hf": [], "lean": []}, 0
+    decode_ours(target, encoded[0], None, 4, lean_forward)  # warm-up both
+    decode_ours(target, encoded[0], None, 4)
+    for i, ids in enumerate(encoded):
+        outs = {}
+        for side in (("hf", "lean") if i % 2 == 0 else ("lean", "hf")):
+            out = decode_ours(target, ids, None, max_new, lean_forward if side == "lean" else None)
+            seconds[side].append(out.total_s)
+            tokens[side].append(len(out.tokens[0]))
+            outs[side] = out.tokens[0]
+        same += outs["hf"] == outs["lean"]
+    ms = {side: 1e3 * sum(seconds[side]) / sum(tokens[side]) for side in seconds}
+    ratios = [h / t_h / (l_ / t_l) for h, t_h, l_, t_l in
+              zip(tokens["lean"], seconds["lean"], tokens["hf"], seconds["hf"], strict=True)]
+    return ["| runtime | ms/token | lean speedup (median per prompt) | identical |", "|---|---|---|---|",
+            f"| runtime=hf (transformers' Gemma3 forward) | {ms['hf']:.1f} | - | - |",
+            f"| runtime=lean | {ms['lean']:.1f} | {statistics.median(ratios):.3f} | {same}/{len(encoded)} |"]
+
+
+class CandidateLog:
+    """(proposed, matched) per round of transformers' cross-tokenizer candidate generators, while in
+    its ``with`` block (USD's get_candidates calls UAG's: only the outermost call counts)."""
+
+    CLASSES = (candidate_generator.AssistedCandidateGeneratorDifferentTokenizers,
+               candidate_generator.UniversalSpeculativeDecodingGenerator)
+
+    def __init__(self):
+        self.proposed, self.matched, self._depth, self._saved = [], [], 0, []
+
+    def __enter__(self) -> "CandidateLog":
+        for cls in self.CLASSES:
+            self._saved.append((cls, cls.__dict__.get("get_candidates"), cls.__dict__.get("update_candidate_strategy")))
+        for cls in self.CLASSES:
+            cls.get_candidates = self._logged_get(cls.get_candidates)
+            cls.update_candidate_strategy = self._logged_update(cls.update_candidate_strategy)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for cls, get, update in self._saved:
+            for name, original in (("get_candidates", get), ("update_candidate_strategy", update)):
+                if original is None:
+                    delattr(cls, name)  # it was inherited
+                else:
+                    setattr(cls, name, original)
+
+    def _logged_get(self, get):
+        def wrapped(generator, input_ids, **kwargs):
+            self._depth += 1
+            try:
+                candidates, logits = get(generator, input_ids, **kwargs)
+            finally:
+                self._depth -= 1
+            if self._depth == 0:
+                self.proposed.append(candidates.shape[1] - input_ids.shape[1])
+            return candidates, logits
+        return wrapped
+
+    def _logged_update(self, update):
+        def wrapped(generator, input_ids, scores, num_matches):
+            self._depth += 1
+            try:
+                return update(generator, input_ids, scores, num_matches)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.matched.append(int(num_matches))
+        return wrapped
+
+    def alpha(self) -> float | None:
+        return sum(self.matched) / sum(self.proposed) if sum(self.proposed) else None
+
+
+@torch.inference_mode()
+def transformers_side(target: LoadedModel, draft: LoadedModel, encoded: list[list[int]], sampling: SamplingConfig,
+                      max_new: int, k: int) -> dict:
+    """transformers' AR generate and its cross-tokenizer assisted generate taking turns per prompt
+    (on a copy of the draft: USD prunes its assistant's LM head and embedding in place, once per cached
+    translator)."""
+    assistant = copy.deepcopy(draft.model)
+    # its translator (and the head pruned with it) is cached per tokenizer pair: one for this copy
+    candidate_generator.AssistantVocabTranslatorCache._cache.clear()
+    assistant.generation_config.num_assistant_tokens = k
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    assistant.generation_config.assistant_confidence_threshold = 0.0
+    sample = {"do_sample": False} if sampling.greedy else {"do_sample": True, "temperature": sampling.temperature,
+                                                           "top_k": 0, "top_p": 1.0}
+    seconds, tokens, rounds = {"ar": [], "assisted": []}, {"ar": [], "assisted": []}, []
+    with CandidateLog() as log:
+        for i, ids in enumerate(encoded):
+            x = torch.tensor([ids])
+            for side in (("ar", "assisted") if i % 2 == 0 else ("assisted", "ar")):
+                extra = {} if side == "ar" else {"assistant_model": assistant, "tokenizer": target.tokenizer,
+                                                 "assistant_tokenizer": draft.tokenizer}
+                before = len(log.proposed)
+                torch.manual_seed(i)
+                start = time.perf_counter()
+                out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
+                                            pad_token_id=target.pad_token_id, **sample, **extra)
+                seconds[side].append(time.perf_counter() - start)
+                tokens[side].append(out.shape[1] - len(ids))
+                if side == "assisted":
+                    rounds.append(len(log.proposed) - before)
+    speedup = (sum(tokens["assisted"]) / sum(seconds["assisted"])) / (sum(tokens["ar"]) / sum(seconds["ar"]))
+    return {"alpha": log.alpha(), "speedup": speedup, "tau": sum(tokens["assisted"]) / max(sum(rounds), 1),
+            "tokens_per_s": sum(tokens["assisted"]) / sum(seconds["assisted"]),
+            "ar_tokens_per_s": sum(tokens["ar"]) / sum(seconds["ar"])}
+
+
+def main_tables(target: LoadedModel, smollm2: LoadedModel, prompts: int, max_new: int, k: int) -> dict[str, list[str]]:
+    drafters = {name: built(target, config, overrides, k) for name, (config, overrides) in METHODS.items()}
+    prepared = LeanRuntime().prepare(target, drafters["smollm2 string"], round_rows(1, k + 1))
+    for drafter in drafters.values():  # each draft's own models planned, as a study does
+        LeanRuntime().prepare(target, drafter, round_rows(1, k + 1))
+    rows = ["| data | sampling | method | alpha [95%] | tau | c | speedup [95%] | predicted (iid) | realized/pred "
+            "| overlap | re-encode ms/round | identical |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    theirs = ["| data | sampling | side | alpha | tau | speedup over its own AR | tokens/s | AR tokens/s |",
+              "|---|---|---|---|---|---|---|---|"]
+    encoded_sets = {}
+    for data_name, loader in DATA.items():
+        chosen = loader(limit=prompts)
+        encoded = encode_prompts(target.tokenizer, chosen, chat_template=True)
+        encoded_sets[data_name] = encoded
+        for sampling_name, sampling in SAMPLINGS.items():
+            methods = {"ar": (None, 0)} | {name: (drafter, k) for name, drafter in drafters.items()}
+            results = interleaved_summaries(target, chosen, encoded, methods, sampling, max_new, 0,
+                                            desc=f"{data_name} {sampling_name}", forward=prepared.forward)
+            for name, r in results.items():
+                identical = f"{r['identical']}/{len(chosen)}" if sampling.greedy else "-"
+                predicted = r["predicted_speedup_iid"]
+                realized = r["speedup"] / predicted if r["speedup"] and predicted else None
+                overlap = drafters[name].traits.vocab_overlap
+                reencode = r["reencode_ms_per_round"] if overlap is not None else None
+                rows.append(f"| {data_name} | {sampling_name} | {name} | {fmt_ci(r['alpha'], r['alpha_ci95'])} | "
+                            f"{fmt(r['tau'])} | {fmt(r['cost_ratio_c'])} | {fmt_ci(r['speedup'], r['speedup_ci95'])} "
+                            f"| {fmt(predicted)} | {fmt(realized)} | {fmt(overlap)} | {fmt(reencode, 2)} | {identical} |")
+                if name.startswith("smollm2") and (name.endswith("string") == sampling.greedy):
+                    ours = r
+            hf = transformers_side(target, smollm2, encoded, sampling, max_new, k)
+            mapping = "UAG (string)" if sampling.greedy else "USD (tli)"
+            ours_name = "smollm2 string" if sampling.greedy else "smollm2 tli"
+            theirs.append(f"| {data_name} | {sampling_name} | specexp {ours_name} | {fmt(ours['alpha'])} | "
+                          f"{fmt(ours['tau'])} | {fmt(ours['speedup'])} | {fmt(ours['tokens_per_s_spec'], 1)} | "
+                          f"{fmt(ours['tokens_per_s_ar'], 1)} |")
+            theirs.append(f"| {data_name} | {sampling_name} | transformers {mapping} | {fmt(hf['alpha'])} | "
+                          f"{fmt(hf['tau'])} | {fmt(hf['speedup'])} | {fmt(hf['tokens_per_s'], 1)} | "
+                          f"{fmt(hf['ar_tokens_per_s'], 1)} |")
+    runtime = runtime_cost(target, prepared.forward, encoded_sets["mt_bench"], max_new)
+    return {"rows": rows, "theirs": theirs, "runtime": runtime}
+
+
+def reverse_table(gemma: LoadedModel, prompts: int, max_new: int, k: int) -> list[str]:
+    """SmolLM2-135M-Instruct as the target, Gemma-3-270M drafting for it, greedy."""
+    target = load_embedded_target(dtype="float32", device="cpu")
+    drafters = {m: small_lm_draft(target, gemma, k=k, vocab_mapping=m) for m in ("string", "tli")}
+    prepared = LeanRuntime().prepare(target, drafters["string"], round_rows(1, k + 1))
+    rows = ["| data | mapping | alpha [95%] | tau | c | speedup [95%] | overlap | re-encode ms/round | identical |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for data_name, loader in DATA.items():
+        chosen = loader(limit=prompts)
+        encoded = encode_prompts(target.tokenizer, chosen, chat_template=True)
+        methods = {"ar": (None, 0)} | {m: (d, k) for m, d in drafters.items()}
+        results = interleaved_summaries(target, chosen, encoded, methods, SamplingConfig(), max_new, 0,
+                                        desc=f"reverse {data_name}", forward=prepared.forward)
+        for m, r in results.items():
+            rows.append(f"| {data_name} | {m} | {fmt_ci(r['alpha'], r['alpha_ci95'])} | {fmt(r['tau'])} | "
+                        f"{fmt(r['cost_ratio_c'])} | {fmt_ci(r['speedup'], r['speedup_ci95'])} | "
+                        f"{fmt(drafters[m].traits.vocab_overlap)} | {fmt(r['reencode_ms_per_round'], 2)} | "
+                        f"{r['identical']}/{len(chosen)} |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--k", type=int, default=3)
+    args = decode_arguments(parser, Path(__file__).parent / "cross_family.md").parse_args()
+    gemma = load_embedded_gemma3(dtype="float32", device="cpu")
+    smollm2 = load_embedded_target(dtype="float32", device="cpu")  # transformers' assistant: a copy of its own
+    tables = main_tables(gemma, smollm2, args.prompts, args.max_new_tokens, args.k)
+    reverse = reverse_table(gemma, args.prompts, args.max_new_tokens, args.k)
+    lines = [*report_header("Cross-family pairs: Gemma-3-270M and SmolLM2-135M-Instruct"),
+             f"{args.prompts} prompts per set x {args.max_new_tokens} new tokens, batch 1, K = {args.k} fixed, "
+             "one process, methods interleaved per prompt; 95% intervals by the study's bootstrap.", "",
+             "## The lean runtime on Gemma3 (AR, MT-bench)", "", *tables["runtime"], "",
+             "## target=gemma3_270m", "", *tables["rows"], "",
+             "## Against transformers' cross-tokenizer assisted generation (same prompts, same draft, same K)", "",
+             *tables["theirs"], "", "## The reverse pair: target SmolLM2-135M-Instruct, draft Gemma-3-270M (greedy)",
+             "", *reverse]
+    write_report(args.out, lines)
+
+
+if __name__ == "__main__":
+    main()
