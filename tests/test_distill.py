@@ -2,6 +2,8 @@
 full or reduced vocabulary), exports load as exact small_lm drafts, resume continues from the
 saved step, and bad input is refused."""
 
+import copy
+import dataclasses
 import json
 
 import lightning as L
@@ -18,7 +20,7 @@ from specexp.draft_vocab import DraftVocab, frequent_tokens
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import load_model
-from specexp.ngram.corpus import corpus_documents, self_written_prompts
+from specexp.ngram.corpus import corpus_documents, self_written_prompts, user_turn_prefix
 from specexp.output import markdown_table
 from specexp.reporting.collect import collect, distillation_table
 from tests.commands import run_distill, run_smoke_study, run_specexp
@@ -155,6 +157,11 @@ def test_self_written_user_turns_start_with_the_openers_in_turn():
     assert all(p.text for p in free)
     with pytest.raises(UserInputError, match=r"openers apply to prompts=self only .* prompts='mt_bench'"):
         corpus_documents(target, prompts="mt_bench", openers=["Write"])
+    # a base model (no chat template, as Gemma-3-270M): it writes documents from the openers
+    base = dataclasses.replace(target, tokenizer=copy.deepcopy(target.tokenizer))
+    base.tokenizer.chat_template = None
+    assert user_turn_prefix(base.tokenizer) == base.tokenizer("")["input_ids"]
+    assert all(p.text.startswith("Solve") for p in self_written_prompts(base, 2, max_tokens=6, openers=["Solve"]))
 
 
 def test_distill_command_end_to_end(tmp_path):

@@ -93,9 +93,11 @@ USER_SLOT = "\x00user-turn\x00"  # a placeholder located in the rendered chat te
 
 
 def user_turn_prefix(tokenizer) -> list[int]:
-    """Token ids of the chat template up to where a user's words begin (system prompt included)."""
+    """Token ids of the chat template up to where a user's words begin (system prompt included); for a
+    base model without one (Gemma-3-270M), the start of a document (its BOS): the target then writes
+    text from each opener, and its answer continues that text, as `encode_prompts` feeds it."""
     if not tokenizer.chat_template:
-        raise UserInputError("corpus prompts=self needs a target with a chat template; give a prompt set instead")
+        return tokenizer("", add_special_tokens=True)["input_ids"]
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": USER_SLOT}], tokenize=False)
     return tokenizer(rendered.split(USER_SLOT)[0], add_special_tokens=False)["input_ids"]
 
