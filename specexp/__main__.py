@@ -13,7 +13,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from specexp.cli import CONFIG_DIR, fail, missing_value, remove_run_folder, unknown_choice, user_error
-from specexp.errors import UserInputError
+from specexp.errors import DraftDoesNotApply, UserInputError
 from specexp.reporting.report import done_line, print_summary
 from specexp.study.run import config_hash, run_job
 from specexp.study.tracking import JobResults
@@ -35,6 +35,10 @@ def main(cfg: DictConfig) -> float | None:
         summary = run_job(cfg, results)
     except Exception as exc:
         error = user_error(exc)
+        if multirun and isinstance(error, DraftDoesNotApply):  # a pairing sweep's cell that cannot exist
+            results.record_failure(error, status="skipped")
+            print(f"[skipped] {label}: {error}")
+            return None
         if multirun:  # one failing job is recorded and the sweep goes on
             results.record_failure(exc)
             print(f"[failed] {label}: {error or exc}", file=sys.stderr)

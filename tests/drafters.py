@@ -204,6 +204,7 @@ NOT_IN_THE_SAMPLED_GRID = {
     "oracle": "greedy only (traits.greedy_only): test_oracle.py checks its greedy identity",
     "smollm2_135m": "another tokenizer than the grid's id-only models: test_cross_vocab.py samples both mappings "
                     "over two trained tokenizers",
+    "gemma3_270m": "the same cross-vocabulary drafter as smollm2_135m (test_cross_vocab.py), with the other model",
 }
 
 

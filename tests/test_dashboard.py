@@ -80,7 +80,8 @@ def test_the_workspace_has_the_panels_the_issue_names():
     assert panels == {("LinePlot", "speedup over AR against K (with its 95% interval's ends)"),
                       ("LinePlot", "P(accept position i | earlier accepted)"),
                       ("ScatterPlot", "alpha against draft cost c (the cost/quality plane)"),
-                      ("CustomChart", "speedup per category"), ("CustomChart", "tau per category")}
+                      ("CustomChart", "speedup per category"), ("CustomChart", "tau per category"),
+                      ("ParallelCoordinatesPlot", "speedup by target x draft")}
     assert [g.name for g in workspace.runset_settings.groupby] == ["Group", "JobType"]
     assert "k_sweep" in workspace.runset_settings.filters
     view = workspace._to_model()  # what save() would send: it must serialise

@@ -5,7 +5,7 @@ import pytest
 from tests.commands import run_module
 
 ENTRY_POINTS = ["specexp", "specexp.profile", "specexp.collect", "specexp.figures", "specexp.predict",
-                "specexp.dashboard", "specexp.distill", "specexp.ngram"]
+                "specexp.dashboard", "specexp.distill", "specexp.ngram", "specexp.pairing"]
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)

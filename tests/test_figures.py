@@ -226,3 +226,27 @@ def test_every_registered_draft_and_its_variants_get_their_own_colour():
     palette = plots.draft_palette(labels)
     assert set(palette) == set(labels) and len(set(palette.values())) == len(labels)
     assert plots.draft_palette(["eagle"])["eagle"] == palette["eagle"]  # stable whatever else is in the figure
+
+
+def test_pairing_matrix_annotates_measured_intervals_predictions_and_leaves_skipped_pairs_blank():
+    rows = []
+    for target in ("default", "gemma3_270m"):
+        for draft in ("prompt_lookup", "eagle", "smollm2_135m"):
+            if (target, draft) in {("gemma3_270m", "eagle"), ("default", "smollm2_135m")}:
+                continue  # skipped pairs: their drafts do not apply
+            for temperature in (0.0, 0.7):
+                speedup = 1.2 if draft == "prompt_lookup" else 0.6
+                rows.append({"target": target, "draft": draft, "data": "mt_bench", "temperature": temperature,
+                             "speedup": speedup, "speedup_ci95_lo": speedup - 0.1, "speedup_ci95_hi": speedup + 0.1,
+                             "alpha": 0.5, "alpha_ci95_lo": 0.4, "alpha_ci95_hi": 0.6, "predicted_speedup": 1.0})
+    jobs = pd.DataFrame(rows)
+    fig = plots.pairing_matrix(jobs)
+    speedup_ax, alpha_ax = fig.axes[0], fig.axes[1]  # setting 1: speedup, alpha; setting 2; then the colour bars
+    assert speedup_ax.get_title() == "mt_bench, T = 0" and len(fig.axes) == 2 * 2 * 2
+    texts = [t.get_text() for t in speedup_ax.texts if t.get_text()]
+    assert len(texts) == 4 and "1.20\n[1.10, 1.30]\npred 1.00" in texts
+    assert sorted(t.get_text() for t in alpha_ax.texts if t.get_text()) == ["0.50\n[0.40, 0.60]"] * 4
+    assert {t.get_text() for t in speedup_ax.get_yticklabels()} == {"default", "gemma3_270m"}
+    scatter = plots.pairing_scatter(jobs).axes[0]
+    assert sum(len(c.get_offsets()) for c in scatter.collections if isinstance(c, PathCollection)) == len(jobs)
+    assert any(line.get_label() == "y = x" for line in scatter.lines)

@@ -116,6 +116,8 @@ def test_stop_reasons():
     assert timing.stop_reason(settings, 3, wide, 95, 10) == "budget"
     message = timing.stop_message("budget", settings, 3, wide)
     assert "+-0.080 after 3" in message and "timing.budget_s=100" in message
+    # one batch (one prompt) has no between-batch spread: the budget line is still one line, not a crash
+    assert "timing.budget_s=100" in timing.stop_message("budget", settings, 3, wide | {"between_batch_halfwidth": None})
     assert timing.stop_reason(TimingSettings(target_halfwidth=None), 1, wide, 0, 0) == "repeats"
 
 

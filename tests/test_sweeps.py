@@ -136,7 +136,8 @@ def test_wandb_offline_run_is_written_and_read_back(tmp_path):
     assert run["summary"]["speedup"] == pytest.approx(summary["speedup"])
     assert run["summary"]["alpha"] == pytest.approx(summary["alpha"])
     assert run["group"] == "default" and run["job_type"] == "prompt_lookup"
-    assert "draft=prompt_lookup" in run["tags"] and "k=auto" in run["tags"]
+    assert {"target=default", "draft=prompt_lookup", "k=auto"} <= set(run["tags"])
+    assert run["config"]["choice"]["target"] == "default"  # pairing runs: filter and group by target
     assert run["config"]["draft"]["k"] == "auto" and run["config"]["max_new_tokens"] == 6
     curve = run["tables"]["acceptance_curve"]
     assert curve["columns"] == ["position", "acceptance", "acceptance_ci95_lo", "acceptance_ci95_hi"]

@@ -103,6 +103,25 @@ def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: 
     }
 
 
+def predict_from_curve(curve: Sequence[float | None], k: int, profile, draft: str, context: float,
+                       prompt_length: float, new_tokens: int) -> dict:
+    """What a draft proposing k tokens a round with this acceptance curve should yield, before any
+    decoding (specexp.study.replay's curve): tokens per round 1 + sum_{i<=k} prod_{j<=i} a_j, each
+    round priced at the draft's seconds for k, T(k + 1, context) and the bookkeeping, against AR's
+    T(1, context) and bookkeeping per token; one prompt pass each (and the draft's fill) for a prompt
+    of ``prompt_length`` tokens that generates ``new_tokens``. k = 0 (a K policy may decline to draft)
+    costs exactly AR: no draft step and no fill."""
+    run = np.cumprod(filled_curve(curve, k))  # [k]: P(first i accepted)
+    tokens_per_round = 1.0 + float(run.sum())
+    round_s = float(profile.draft_s(draft, k)) + float(profile.pass_s(k + 1, context, draft)) + profile.overhead_s
+    ar_step_s = float(profile.pass_s(1, context)) + profile.overhead_s
+    prefill = profile.prefill(prompt_length)
+    fill = profile.reset_s(draft) if k else 0.0  # a draft never asked costs nothing
+    spec_s = prefill + fill + (new_tokens - 1) * round_s / tokens_per_round
+    ar_s = prefill + (new_tokens - 1) * ar_step_s
+    return {"predicted_tau": tokens_per_round, "predicted_speedup": ar_s / spec_s}
+
+
 def equivalent_alpha(tokens_per_round: float, k: float) -> float:
     """The i.i.d. acceptance rate whose (1 - a^(k+1)) / (1 - a) equals a draft's tokens per round
     at its K (bisection): where the draft sits on an alpha axis priced by the same model."""

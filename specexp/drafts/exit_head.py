@@ -17,7 +17,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 
 from specexp.draft_vocab import DraftVocab, restrict_rows
-from specexp.errors import UserInputError
+from specexp.errors import DraftDoesNotApply, UserInputError
 from specexp.models import LoadedModel
 from specexp.ngram.corpus import vocab_fingerprint
 from specexp.runtime.decoder import LeanDecoder, lean_decoder
@@ -93,7 +93,7 @@ class ExitHead(nn.Module):
         fingerprint = vocab_fingerprint(target)
         hidden_size = decoder.config.get_text_config().hidden_size
         if config["hidden_size"] != hidden_size or config["vocab_fingerprint"] not in (None, fingerprint):
-            raise UserInputError(f"exit head '{folder}' was trained for another target (hidden size "
+            raise DraftDoesNotApply(f"exit head '{folder}' was trained for another target (hidden size "
                                  f"{config['hidden_size']}, {config['vocab_fingerprint']}); '{target.name}' has "
                                  f"{hidden_size} and {fingerprint}")
         head = cls.trainable(decoder, config["exit_layer"], config["adapter_size"], DraftVocab.load(folder), fingerprint)

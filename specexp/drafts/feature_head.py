@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specexp.draft_vocab import DraftVocab
-from specexp.errors import UserInputError
+from specexp.errors import DraftDoesNotApply, UserInputError
 from specexp.models import LoadedModel
 from specexp.ngram.corpus import vocab_fingerprint
 
@@ -103,7 +103,7 @@ class FeatureHead(nn.Module):
         identity = target_identity(target)
         mine = {key: config[key] for key in identity}
         if mine != identity:
-            raise UserInputError(f"{cls.kind} head '{folder}' was trained for another target ({mine}); "
+            raise DraftDoesNotApply(f"{cls.kind} head '{folder}' was trained for another target ({mine}); "
                                  f"'{target.name}' has {identity}")
         options = {k: v for k, v in config.items() if k not in identity and k not in ("hidden_layers", "output_size")}
         head = cls(target, tuple(config["hidden_layers"]), DraftVocab.load(folder), **options)

@@ -14,8 +14,8 @@ from specexp.drafts.base import check_k, check_min_confidence
 from specexp.drafts.cross_vocab import CrossVocabDrafter
 from specexp.drafts.dynamic_tree import TreeRegion, check_tree, grow_tree
 from specexp.drafts.quantize import quantize_linears
-from specexp.errors import UserInputError
-from specexp.models import LoadedModel, first_layers, load_embedded_target, load_model
+from specexp.errors import DraftDoesNotApply, UserInputError
+from specexp.models import LoadedModel, first_layers, load_embedded_gemma3, load_embedded_target, load_model
 from specexp.ngram.corpus import vocab_fingerprint
 from specexp.runtime.decoder import lean_decoder, unsupported_reason
 
@@ -34,13 +34,16 @@ def check_same_vocabulary(draft: LoadedModel, target: LoadedModel) -> None:
     else:
         same = draft.vocab_size == target.vocab_size
         sizes = f"{draft.vocab_size} vs {target.vocab_size} logits"
+    if not same and draft.draft_vocab is not None:  # its ids are a subset of another tokenizer's: no mapping
+        raise DraftDoesNotApply(f"vocab mismatch: draft '{draft.name}' has a reduced vocabulary of another tokenizer "
+                                f"than target '{target.name}''s ({sizes}); train one for this target")
     if not same:
         raise UserInputError(
             f"vocab mismatch: draft '{draft.name}' and target '{target.name}' have different vocabularies "
             f"({sizes}); a draft of another vocabulary needs both tokenizers (a model folder with its tokenizer)"
         )
     if draft.draft_vocab is not None and draft.draft_vocab.fingerprint not in (None, vocab_fingerprint(target)):
-        raise UserInputError(
+        raise DraftDoesNotApply(
             f"vocab mismatch: the reduced vocabulary of draft '{draft.name}' was built for "
             f"{draft.draft_vocab.fingerprint}; the target '{target.name}' has {vocab_fingerprint(target)}"
         )
@@ -234,10 +237,16 @@ def small_lm_draft(target: LoadedModel, model: str | LoadedModel, k: int = 4, dt
     return CrossVocabDrafter(target, model, k=k, vocab_mapping=vocab_mapping, min_overlap=min_overlap, quantize=quantize)
 
 
-def embedded_smollm2_draft(target: LoadedModel, k: int = 4, dtype: str = "float32", quantize: str | None = None,
-                           vocab_mapping: str = "string", min_overlap: float = 0.05) -> "SmallLMDrafter | CrossVocabDrafter":
-    """The embedded SmolLM2-135M-Instruct as the draft of any target (of another family: cross-vocabulary)."""
-    draft = load_embedded_target(dtype=dtype, device=str(target.model.device))
+EMBEDDED_DRAFTS = {"smollm2_135m": load_embedded_target, "gemma3_270m": load_embedded_gemma3}  # config -> loader
+
+
+def embedded_draft(target: LoadedModel, embedded: str, k: int = 4, dtype: str = "float32", quantize: str | None = None,
+                   vocab_mapping: str = "string", min_overlap: float = 0.05) -> "SmallLMDrafter | CrossVocabDrafter":
+    """draft=smollm2_135m / gemma3_270m: a model that ships in a package (SmolLM2-135M-Instruct, Gemma-3-270M)
+    as the draft of any other target; of another family it drafts through the cross-vocabulary drafter."""
+    draft = EMBEDDED_DRAFTS[embedded](dtype=dtype, device=str(target.model.device))
+    if draft.name == target.name:
+        raise DraftDoesNotApply(f"draft={embedded} is the target '{target.name}' itself; pair it with another target")
     return small_lm_draft(target, draft, k=k, quantize=quantize, vocab_mapping=vocab_mapping, min_overlap=min_overlap)
 
 

@@ -3,8 +3,9 @@
 One row per job folder (a folder with Hydra's .hydra/config.yaml), a study's or a distillation's
 (`kind`): the flattened config (`cfg.` columns), the Hydra choices (`choice.`), the command-line
 overrides (`set.`), the metrics (a study's summary.json; a distillation's result.json and its best
-validation) and a status: ok, failed (error.json, with the error) or incomplete (killed or still
-running). Writes PATH/collected.parquet and collected.csv (the analysis notebooks' input), prints
+validation) and a status: ok, failed or skipped (error.json, with the error; skipped: a pair whose
+draft does not apply to its target) or incomplete (killed or still running). Writes
+PATH/collected.parquet and collected.csv (the analysis notebooks' input), prints
 a compact comparison table and, with --markdown FILE, writes it as markdown too.
 """
 
@@ -82,7 +83,7 @@ def job_row(job_dir: Path, root: Path) -> dict:
         row.update(distill_metrics(json.loads((job_dir / "result.json").read_text()), validation_history(job_dir)))
     elif (job_dir / "error.json").exists():
         error = json.loads((job_dir / "error.json").read_text())
-        row["status"], row["error"] = "failed", error.get("error")
+        row["status"], row["error"] = error.get("status", "failed"), error.get("error")
     else:
         row["status"] = "incomplete"
     return row

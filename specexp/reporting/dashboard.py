@@ -7,7 +7,9 @@ tags them, so every line below is one draft of one study:
 - acceptance curves (each run logs one row per draft position, x = position);
 - tau and speedup per prompt category (the `per_category` table of every run);
 - the alpha/c plane (summary alpha against summary cost_ratio_c);
-- a runs table: draft, K, temperature, data, alpha, tau, speedup, realized/predicted.
+- pairing (experiment=pairing): speedup by target x draft, a parallel-coordinates line per run from
+  its target through its draft to its speedup and alpha;
+- a runs table: target, draft, K, temperature, data, alpha, tau, speedup, realized/predicted.
 
 Without an API key (or with --dry-run) it prints what it would save and exits 0.
 """
@@ -32,7 +34,7 @@ class Key:
 
 
 # The runs table's columns, in W&B's "section:name" form: what each run is, then its numbers.
-RUN_COLUMNS = ["run:jobType", "config:draft.k", "config:sampling.temperature", "config:choice.data",
+RUN_COLUMNS = ["config:choice.target", "run:jobType", "config:draft.k", "config:sampling.temperature", "config:choice.data",
                "summary:alpha", "summary:tau", "summary:speedup", "summary:speedup_ci95_lo", "summary:speedup_ci95_hi",
                "summary:realized_over_predicted"]
 
@@ -58,6 +60,13 @@ def sections() -> list[ws.Section]:
         ws.Section(name="Per category", is_open=True, panels=[
             per_category_bars("speedup"),
             per_category_bars("tau"),
+        ]),
+        ws.Section(name="Pairing", is_open=True, panels=[
+            wr.ParallelCoordinatesPlot(title="speedup by target x draft", columns=[
+                wr.ParallelCoordinatesPlotColumn(metric=wr.Config("choice.target"), display_name="target"),
+                wr.ParallelCoordinatesPlotColumn(metric=wr.Config("choice.draft"), display_name="draft"),
+                wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("speedup"), display_name="speedup"),
+                wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric("alpha"), display_name="alpha")]),
         ]),
     ]
 
@@ -90,6 +99,8 @@ def referenced_keys(workspace: ws.Workspace) -> set[Key]:
                 keys |= {_metric_key(panel.x, "history")} | {_metric_key(y, "history") for y in panel.y}
             elif isinstance(panel, wr.ScatterPlot):
                 keys |= {_metric_key(panel.x, "summary"), _metric_key(panel.y, "summary")}
+            elif isinstance(panel, wr.ParallelCoordinatesPlot):
+                keys |= {_metric_key(column.metric, "summary") for column in panel.columns}
             elif isinstance(panel, wr.CustomChart):
                 table = panel.query["summaryTable"]["tableKey"]
                 keys |= {Key("table", table)} | {Key(f"table:{table}", c) for c in panel.chart_fields.values()}

@@ -43,6 +43,8 @@ def finished_studies(table: pd.DataFrame) -> pd.DataFrame:
     table["k_label"] = table["cfg.draft.k"].astype(str)  # a number, or auto / heuristic
     table["k"] = pd.to_numeric(table["cfg.draft.k"], errors="coerce")  # NaN where a policy chose K
     table["temperature"] = table["cfg.sampling.temperature"].astype(float)
+    table["target"] = table["choice.target"] if "choice.target" in table else table.get("target")  # the config's name
+    table["data"] = table["choice.data"] if "choice.data" in table else None
     table["batch_size"] = table["cfg.batch_size"].astype(int)
     # children per expanded node (1: a chain; drafts without trees are chains)
     branches = table["cfg.draft.branches"] if "cfg.draft.branches" in table else pd.Series(1, index=table.index)
@@ -51,6 +53,22 @@ def finished_studies(table: pd.DataFrame) -> pd.DataFrame:
     table["alpha_equivalent"] = [cost_model.equivalent_alpha(tau, k) if pd.notna(tau) and pd.notna(k) and k > 0 else None
                                  for tau, k in zip(table["tau"], mean_k.fillna(table["k"]), strict=True)]
     return table.reset_index(drop=True)
+
+
+def with_pairing_predictions(jobs: pd.DataFrame, paths: list[Path]) -> pd.DataFrame:
+    """The jobs with `pairing_predicted_speedup` (and _alpha) where a folder holds `python -m specexp.pairing
+    --out FOLDER`'s pairing.parquet: each (target, draft, data, temperature) at its predicted best K."""
+    found = [p / "pairing.parquet" for p in paths if (p / "pairing.parquet").is_file()]
+    if jobs.empty or not found:
+        return jobs
+    predicted = pd.concat([pd.read_parquet(f) for f in found])
+    best = predicted[predicted["is_best_k"]].rename(columns={"predicted_speedup": "pairing_predicted_speedup",
+                                                             "predicted_alpha": "pairing_predicted_alpha"})
+    keys = ["target", "draft", "data", "temperature"]
+    jobs = jobs.assign(draft_config=jobs["choice.draft"]) if "choice.draft" in jobs else jobs.assign(draft_config=jobs["draft"])
+    merged = jobs.merge(best[keys + ["pairing_predicted_speedup", "pairing_predicted_alpha"]].rename(
+        columns={"draft": "draft_config"}), on=["target", "draft_config", "data", "temperature"], how="left")
+    return merged.drop(columns="draft_config")
 
 
 def job_profile(job_path: str | Path) -> Profile | None:
@@ -182,8 +200,10 @@ def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[
 
     no_jobs = "no finished study jobs (summary.json + rounds.parquet)"
     return [
-        ("acceptance_curve", *when(has_jobs and bool((jobs.get("k_max", jobs.get("k")) >= 1).any()),
-                                   lambda: plots.acceptance_curve(acceptance_by_position(jobs)), no_jobs)),
+        ("acceptance_curve", *when(has_jobs and bool((jobs.get("k_max", jobs.get("k")) >= 1).any())
+                                   and jobs["alpha"].notna().any(),
+                                   lambda: plots.acceptance_curve(acceptance_by_position(jobs)),
+                                   no_jobs + " that drafted (draft.k=auto may choose AR steps throughout)")),
         ("speedup_vs_k", *when(ks >= 2, lambda: plots.speedup_vs_k(jobs, per_prompt_table(jobs), *model_curves(jobs)),
                                "needs a draft measured at 2 or more K (experiment=k_sweep)")),
         ("tree_budget", *when(has_jobs and (jobs["branches"] > 1).any() and jobs["k"].nunique() >= 2,
@@ -195,6 +215,12 @@ def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[
         ("realized_vs_predicted", *when(has_jobs and "predicted_speedup" in jobs and jobs["predicted_speedup"].notna().any(),
                                         lambda: plots.realized_vs_predicted(jobs),
                                         no_jobs + " priced by the cost model (predicted_speedup)")),
+        ("pairing_matrix", *when(has_jobs and jobs["target"].nunique() >= 2, lambda: plots.pairing_matrix(jobs),
+                                 "needs 2 or more targets (experiment=pairing)")),
+        ("pairing_scatter", *when(has_jobs and jobs["target"].nunique() >= 2
+                                  and jobs.get(plots.predicted_column(jobs), pd.Series(dtype=float)).notna().any(),
+                                  lambda: plots.pairing_scatter(jobs),
+                                  "needs 2 or more targets priced by the cost model (experiment=pairing)")),
         ("tau_by_category", *when(len(categories) >= 2, lambda: plots.category_heatmap(jobs, "tau"),
                                   "needs per-category results in 2 or more categories")),
         ("temperature_effect", *when(has_jobs and jobs["temperature"].nunique() >= 2,
@@ -237,7 +263,7 @@ def make_figures(paths: list[Path], out: Path) -> tuple[list[str], dict[str, str
     if missing:
         raise FileNotFoundError(f"'{missing[0]}' does not exist")
     table = collect(paths)  # every job folder read once
-    jobs, history = finished_studies(table), validations(table)
+    jobs, history = with_pairing_predictions(finished_studies(table), paths), validations(table)
     out.mkdir(parents=True, exist_ok=True)
     plots.paper_theme()
     written, skipped = [], {}

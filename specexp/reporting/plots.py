@@ -232,6 +232,76 @@ def category_heatmap(jobs: pd.DataFrame, metric: str = "tau") -> Figure:
     return fig
 
 
+def predicted_column(jobs: pd.DataFrame) -> str:
+    """The prediction a pairing figure shows: the one made before decoding (`python -m specexp.pairing`,
+    merged as `pairing_predicted_speedup`) where the jobs have it, else the cost model's of the run."""
+    return "pairing_predicted_speedup" if jobs.get("pairing_predicted_speedup", pd.Series(dtype=float)).notna().any() \
+        else "predicted_speedup"
+
+
+def pairing_cells(jobs: pd.DataFrame, setting: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One setting's (data, temperature) jobs as a target x draft grid of ``metric`` and of its cell labels
+    (the value, its 95% interval, and for speedup the prediction); empty where no job finished."""
+    cols = sorted(jobs["draft"].unique())
+    grid = setting.pivot_table(index="target", columns="draft", values=metric, aggfunc="first").reindex(columns=cols)
+    labels = pd.DataFrame("", index=grid.index, columns=cols)
+    for row in setting.itertuples():
+        value = getattr(row, metric)
+        if pd.isna(value):
+            continue
+        lo, hi = getattr(row, f"{metric}_ci95_lo", None), getattr(row, f"{metric}_ci95_hi", None)
+        text = f"{value:.2f}" + (f"\n[{lo:.2f}, {hi:.2f}]" if pd.notna(lo) and pd.notna(hi) else "")
+        predicted = getattr(row, predicted_column(jobs), None)
+        if metric == "speedup" and pd.notna(predicted):
+            text += f"\npred {predicted:.2f}"
+        labels.loc[row.target, row.draft] = text
+    return grid, labels
+
+
+def pairing_matrix(jobs: pd.DataFrame) -> Figure:
+    """Which draft for which target: per setting (data set, temperature) a target x draft heatmap of the
+    measured speedup over AR (its 95% interval and the prediction, `predicted_column`, in each cell) beside one
+    of alpha. A blank cell: the pair was skipped (its draft does not apply) or did not finish."""
+    settings = list(jobs.groupby(["data", "temperature"]))
+    n_targets, n_drafts = jobs["target"].nunique(), jobs["draft"].nunique()
+    height = (0.55 * n_targets + 0.9) * len(settings)
+    fig, axes = plt.subplots(len(settings), 2, figsize=(2 * max(COLUMN_WIDTH_IN, 0.75 * n_drafts + 1.2), height),
+                             squeeze=False, layout="constrained")
+    for (data, temperature), setting in settings:
+        row = [key for key, _ in settings].index((data, temperature))
+        for ax, metric, cmap, center in zip(axes[row], ("speedup", "alpha"), ("vlag", "viridis"), (1.0, None),
+                                            strict=True):
+            grid, labels = pairing_cells(jobs, setting, metric)
+            ax.set(title=f"{data}, T = {temperature:g}", xlabel="draft", ylabel="target")
+            if grid.isna().all().all():  # alpha of jobs that never drafted (draft.k=auto chose AR steps)
+                ax.text(0.5, 0.5, f"no {metric} measured", ha="center", va="center", transform=ax.transAxes)
+                continue
+            sns.heatmap(grid, annot=labels, fmt="", cmap=cmap, center=center, ax=ax, annot_kws={"size": 4.5},
+                        cbar_kws={"label": "speedup over AR" if metric == "speedup" else r"$\alpha$"}, linewidths=0.5)
+            ax.grid(False)  # a blank (skipped) cell stays blank
+            ax.tick_params(axis="x", labelrotation=45, labelsize=5)
+            ax.tick_params(axis="y", labelrotation=0, labelsize=6)
+    return fig
+
+
+def pairing_scatter(jobs: pd.DataFrame) -> Figure:
+    """Every (target, draft, setting) cell: measured speedup (95% interval) against the prediction
+    (`predicted_column`), a colour per draft and a marker per target, with y = x."""
+    fig, (ax,) = _figure(height=2.6)
+    x = predicted_column(jobs)
+    priced = jobs.dropna(subset=[x, "speedup"])
+    low = min(priced[[x, "speedup"]].min().min(), 1.0) * 0.9
+    high = max(priced[[x, "speedup"]].max().max(), 1.0) * 1.1
+    ax.plot([low, high], [low, high], color="0.4", linewidth=0.8, linestyle="--", label="y = x")
+    palette = draft_palette(priced["draft"])
+    sns.scatterplot(data=priced, x=x, y="speedup", hue="draft", style="target", palette=palette, s=18, ax=ax, zorder=3)
+    job_errorbars(ax, priced, x, "speedup", palette, label=False, fmt="none")
+    label = "predicted before decoding" if x == "pairing_predicted_speedup" else "predicted (cost model, measured alpha)"
+    ax.set(xlabel=label, ylabel="measured speedup", xlim=(low, high), ylim=(low, high))
+    ax.legend(fontsize=5)
+    return fig
+
+
 def effect_of(jobs: pd.DataFrame, factor: str, label: str) -> Figure:
     """alpha and speedup against one factor (`temperature`, `batch_size`, `exit_layer`), a line per
     draft, averaged over the other factors (with a 95% CI)."""

@@ -64,10 +64,11 @@ def stop_message(reason: str, settings: TimingSettings, passes: int, interval: d
         return None
     got = f"speedup interval +-{interval['speedup_halfwidth']:.3f} after {passes} timing pass(es) per batch, wider than " \
           f"timing.target_halfwidth={settings.target_halfwidth}"
-    why = {
-        "between_batches": f"the batches themselves differ (+-{interval['between_batch_halfwidth']:.3f} with noise-free "
-                           "timings): more prompts (data.limit) would narrow it, more repeats would not",
-        "max_repeats": f"timing.max_repeats={settings.max_repeats} reached",
-        "budget": f"another pass would exceed timing.budget_s={settings.budget_s:g}",
-    }[reason]
+    if reason == "between_batches":  # (only then is the between-batch half-width known to be set)
+        why = (f"the batches themselves differ (+-{interval['between_batch_halfwidth']:.3f} with noise-free timings): "
+               "more prompts (data.limit) would narrow it, more repeats would not")
+    elif reason == "max_repeats":
+        why = f"timing.max_repeats={settings.max_repeats} reached"
+    else:
+        why = f"another pass would exceed timing.budget_s={settings.budget_s:g}"
     return f"{got}: {why}"

@@ -68,9 +68,10 @@ class JobResults:
         write_atomic(self.out_dir / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
         shutil.rmtree(self.staging, ignore_errors=True)
 
-    def record_failure(self, error: BaseException) -> None:
+    def record_failure(self, error: BaseException, status: str = "failed") -> None:
+        """error.json: why the job ended without results (status "skipped": a pair that does not apply)."""
         shutil.rmtree(self.staging, ignore_errors=True)
-        record = {"status": "failed", "error": f"{type(error).__name__}: {error}", "config_hash": self.config_hash,
+        record = {"status": status, "error": f"{type(error).__name__}: {error}", "config_hash": self.config_hash,
                   "traceback": "".join(traceback.format_exception(error))}
         self.out_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.out_dir / "error.json", (json.dumps(record, indent=2) + "\n").encode())

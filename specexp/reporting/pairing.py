@@ -1,0 +1,109 @@
+"""Acceptance predicted before decoding for (target, draft) pairs, priced at every K, and the table
+and ranking `python -m specexp.pairing` writes."""
+
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig, open_dict
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from specexp.core.engine import generate
+from specexp.costs.cost_model import predict_from_curve
+from specexp.costs.k_choice import build_draft
+from specexp.drafts.oracle import greedy_continuations
+from specexp.errors import UserInputError
+from specexp.study.replay import ReplayedRounds, acceptance_curve, alpha, replay, teacher_forced
+from specexp.study.run import Study, prepare
+
+SHOWN = ("target", "draft", "data", "temperature", "best_k", "predicted_alpha", "predicted_tau", "predicted_speedup")
+
+
+def references(study: Study, extra: int) -> list[list[int]]:
+    """The target's own continuation of each prompt, ``extra`` tokens past max_new_tokens (the last round's
+    proposal is judged in full): greedy, or sampled with the study's warp (seeded)."""
+    new_tokens = study.max_new_tokens + extra
+    if study.sampling.greedy:
+        return greedy_continuations(study.forward, study.target, study.encoded, new_tokens, study.batch_size)
+    device = study.target.model.device
+    return [generate(study.forward, [ids], None, study.sampling, new_tokens, study.target.eos_token_ids,
+                     torch.Generator(device).manual_seed(study.seed + i), study.target.pad_token_id).tokens[0]
+            for i, ids in enumerate(study.encoded)]
+
+
+def replay_drafter(cfg: DictConfig, study: Study):
+    """The draft the replay runs: the study's, or for a draft that runs the target's pass itself (early
+    exit, shared) the same layers with a cache of their own (mode=naive: the same drafts, tested in
+    tests/test_early_exit.py), since no target pass runs."""
+    if not study.drafter.traits.shares_target_pass:
+        return study.drafter
+    naive = cfg.draft.copy()
+    with open_dict(naive):
+        naive.mode = "naive"
+    return build_draft(naive, study.target).drafter
+
+
+def predict_pair(cfg: DictConfig, target_name: str, draft_name: str) -> list[dict]:
+    """One row per K = 0..k_max (K = 0: the draft declined, as draft.k=auto may choose; AR's price): the
+    replayed acceptance and the cost model's tau and speedup at that K."""
+    study = prepare(cfg)
+    if study.k_max < 1:
+        raise UserInputError(f"draft={draft_name} never proposes (k_max = 0): nothing to predict")
+    drafter = replay_drafter(cfg, study)
+    refs = references(study, study.k_max)
+    if drafter.traits.needs_reference:
+        drafter.set_reference(study.encoded, refs)
+    device = study.target.model.device
+    generator = torch.Generator(device).manual_seed(study.seed)
+    rounds = ReplayedRounds()
+    for ids, ref in tqdm(list(zip(study.encoded, refs, strict=True)), desc=f"{target_name} x {draft_name}", leave=False):
+        probs, features = teacher_forced(study.target.model, ids, ref, study.sampling, drafter.traits.hidden_layers)
+        rounds.extend(replay(drafter, ids, ref, probs, features, study.k_max, study.sampling, generator, device,
+                             new_tokens=study.max_new_tokens))
+    prompt_length = statistics.mean(len(ids) for ids in study.encoded)
+    context = prompt_length + statistics.mean(min(len(r), study.max_new_tokens) for r in refs) / 2
+    k_top = min(study.k_max, drafter.traits.k_limit or study.k_max)
+    curve = acceptance_curve(rounds, k_top)
+    rows = []
+    for k in range(0, k_top + 1):
+        priced = (predict_from_curve(curve, k, study.profile, study.draft_name, context, prompt_length,
+                                     study.max_new_tokens) if study.profile is not None
+                  else {"predicted_tau": None, "predicted_speedup": None})
+        rows.append({"target": target_name, "draft": draft_name, "data": cfg.data.get("_target_", "").rsplit(".", 1)[-1],
+                     "temperature": study.sampling.temperature, "k": k, "predicted_alpha": alpha(rounds, k),
+                     "predicted_acceptance_pos1": curve[0], **priced, "rounds": len(rounds.conditional),
+                     "replay_draft_ms_per_round": 1e3 * statistics.mean(rounds.draft_s) if rounds.draft_s else None,
+                     "profile": study.profile.path if study.profile is not None else None})
+    best = max(rows, key=lambda r: r["predicted_speedup"] or 0.0)["k"]
+    return [row | {"best_k": best, "is_best_k": row["k"] == best} for row in rows]
+
+
+def ranking(table: pd.DataFrame) -> pd.DataFrame:
+    """Each pair at its best K, the drafts of each target from the fastest predicted down."""
+    best = table[table["is_best_k"]].copy()
+    best["rank"] = best.groupby(["target", "data", "temperature"])["predicted_speedup"].rank(ascending=False,
+                                                                                              method="first")
+    return best.sort_values(["target", "data", "temperature", "rank"]).reset_index(drop=True)
+
+
+def write_predictions(rows: list[dict], out: Path) -> pd.DataFrame:
+    if not rows:
+        raise UserInputError("no (target, draft) pair applied: nothing was predicted")
+    table = pd.DataFrame(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_parquet(out / "pairing.parquet", index=False)
+    table.to_csv(out / "pairing.csv", index=False)
+    ranked = ranking(table)
+    view = Table(title="predicted at each pair's best K (ranked per target)")
+    for column in ("rank", *SHOWN):
+        view.add_column(column, justify="left" if column in ("target", "draft", "data") else "right")
+    for row in ranked.itertuples():
+        view.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v)
+                       for v in (int(row.rank), *(getattr(row, c) for c in SHOWN))))
+    Console(width=160).print(view)
+    print(f"predictions: {out / 'pairing.parquet'}")
+    return table
+

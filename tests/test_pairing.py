@@ -1,0 +1,60 @@
+"""Pairing studies (issue 33): a pair whose draft does not apply to its target is skipped with one line
+in a sweep (and is a one-line error alone), and the sweep goes on; collect says which. The prediction
+command (`python -m specexp.pairing`) prices every K, ranks, skips, and refuses bad input in one line
+(its replay is tests/test_replay.py's)."""
+
+import pandas as pd
+import pytest
+
+from specexp.reporting.collect import collect
+from tests.commands import run_module, run_specexp
+
+
+@pytest.mark.default_target
+def test_a_pairing_sweep_skips_a_draft_that_is_its_target_and_runs_the_rest(tmp_path):
+    """experiment=pairing cut to the default target, prompt lookup and SmolLM2 (the target itself)."""
+    # (a value given on the command line replaces the experiment's sweep of that key)
+    out = run_specexp("experiment=pairing", "size=smoke", "data.limit=1", "target=default",
+                      "draft=prompt_lookup,smollm2_135m", "data=mt_bench", "sampling=greedy", f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    skipped = [line for line in out.stdout.splitlines() if line.startswith("[skipped]")]
+    assert len(skipped) == 1 and "draft=smollm2_135m is the target 'SmolLM2-135M-Instruct' itself" in skipped[0]
+    table = collect([tmp_path]).set_index("choice.draft")
+    assert table.loc["smollm2_135m", "status"] == "skipped" and "itself" in table.loc["smollm2_135m", "error"]
+    assert table.loc["prompt_lookup", "status"] == "ok" and table.loc["prompt_lookup", "target"] == "SmolLM2-135M-Instruct"
+    assert table.loc["prompt_lookup", "choice.target"] == "default"
+
+
+@pytest.mark.default_target
+def test_a_single_run_of_a_pair_that_does_not_apply_is_a_one_line_error(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_specexp("draft=smollm2_135m", "size=smoke", f"hydra.run.dir={run_dir}")
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode == 2 and len(errors) == 1 and "is the target" in errors[0], out.stderr[-2000:]
+    assert not run_dir.exists()
+
+
+@pytest.mark.default_target
+def test_the_pairing_command_predicts_every_k_ranks_and_skips_what_does_not_apply(tmp_path):
+    out = run_module("specexp.pairing", "--drafts", "prompt_lookup,smollm2_135m", "--out", str(tmp_path), "size=smoke",
+                     "data.limit=2", "max_new_tokens=16")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[skipped] target=default draft=smollm2_135m: draft=smollm2_135m is the target" in out.stdout
+    table = pd.read_parquet(tmp_path / "pairing.parquet")
+    assert set(table["draft"]) == {"prompt_lookup"} and table["k"].tolist() == list(range(0, 9))  # K = 0: AR
+    assert table.loc[table["k"] == 0, "predicted_speedup"].item() == pytest.approx(1.0)
+    assert table["predicted_speedup"].notna().all() and (table["predicted_tau"] >= 1).all()
+    assert table["is_best_k"].sum() == 1 and 0 <= table["predicted_alpha"].iloc[1] <= 1
+    assert (tmp_path / "pairing.csv").exists() and "ranked per target" in out.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--profile", "/no/such/profile.json"), "--profile /no/such/profile.json does not exist"),
+    (("--drafts", "prompt_lookup,nope"), "nope"),
+    (("--targets",), "--targets needs a value"),
+])
+def test_bad_pairing_input_is_one_line(tmp_path, args, message):
+    out = run_module("specexp.pairing", "--out", str(tmp_path / "out"), *args)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode == 2 and len(errors) == 1 and message in errors[0], out.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
