@@ -15,6 +15,7 @@ from specexp.core.sampling import SamplingConfig
 from specexp.drafts.early_exit import early_exit_drafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import target_prefix_drafter
+from specexp.runtime.compiled import CompiledDecoder
 from specexp.runtime.decoder import lean_decoder, unsupported_reason
 from tests.commands import run_distill, run_smoke_study
 from tests.conftest import tiny_gemma3
@@ -57,6 +58,14 @@ def test_greedy_output_is_the_gemma3_target_s(gemma3_target, prompts, transforme
                     torch.Generator().manual_seed(0))
     assert spec.tokens == transformers_greedy
     assert int(spec.n_accepted.sum()) > 0  # the drafts were put to the target, and some held
+
+
+def test_runtime_compile_runs_a_windowed_target_eagerly_and_exactly(gemma3_target, prompts, transformers_greedy):
+    """runtime.compile=true: the compiled graph's full-capacity mask has no per-slot positions, so a
+    model with sliding-window layers runs every pass eagerly (no graph is built), still exact."""
+    compiled = CompiledDecoder(lean_decoder(gemma3_target.model), max_tokens=8)
+    out = generate(compiled, prompts, None, SamplingConfig(), 40, NO_EOS, torch.Generator().manual_seed(0))
+    assert out.tokens == transformers_greedy and compiled.compiled_passes == 0
 
 
 def needs_gemma3_wheel():

@@ -15,6 +15,14 @@ def committed_tokens(ctx: Context, already_seen: list[int]) -> list[list[int]]:
     return [tokens[b, start[b] + seen : lengths[b]].tolist() for b, seen in enumerate(already_seen)]
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def check_k(k: int) -> None:
     if k < 1:
         raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1 (or 0: never propose, the A/A control)")

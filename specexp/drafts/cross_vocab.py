@@ -22,10 +22,11 @@ import time
 
 import torch
 
+from specexp.core.engine import left_pad
 from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
-from specexp.drafts.base import check_k, one_hot_proposal
+from specexp.drafts.base import check_k, committed_tokens, common_prefix, one_hot_proposal
 from specexp.drafts.quantize import quantize_linears
 from specexp.drafts.vocab_map import check_overlap, vocab_map
 from specexp.errors import UserInputError
@@ -34,26 +35,6 @@ from specexp.runtime.decoder import lean_decoder, unsupported_reason
 
 MAPPINGS = ("tli", "string")
 TAIL_TOKENS = 4  # committed target tokens re-encoded with a string proposal, so its first token joins them as the target would
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def left_padded(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows of different lengths -> ids [B, T] and mask [B, T] (0: padding on the left)."""
-    T = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.long)
-    for b, row in enumerate(rows):
-        ids[b, T - len(row):] = torch.tensor(row, dtype=torch.long)
-        mask[b, T - len(row):] = 1
-    return ids.to(device), mask.to(device)
 
 
 class CrossVocabDrafter:
@@ -94,10 +75,6 @@ class CrossVocabDrafter:
         self.kv = None
         self.cached = [[] for _ in range(ctx.tokens.shape[0])]
 
-    def _committed_ids(self, ctx: Context) -> list[list[int]]:
-        tokens, start, lengths = ctx.tokens.tolist(), ctx.start.tolist(), ctx.lengths.tolist()
-        return [row[s:n] for row, s, n in zip(tokens, start, lengths, strict=True)]
-
     def _draft_encoding(self, committed: list[list[int]]) -> list[list[int]]:
         """Each row's committed text in the draft's tokens (its BOS where its tokenizer adds one)."""
         texts = self.target_tokenizer.batch_decode(committed, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -114,14 +91,14 @@ class CrossVocabDrafter:
         else:
             dropped = [len(held) - n for held, n in zip(self.cached, keep, strict=True)]
             self.kv.drop_last(torch.tensor(dropped, device=device))
-        ids, mask = left_padded([row[n:] for row, n in zip(encoded, keep, strict=True)], device)
+        ids, mask = left_pad([row[n:] for row, n in zip(encoded, keep, strict=True)], 0, device)  # [B, T] each
         self.cached = [list(row) for row in encoded]
         return self.kv.forward(self.forward_model, ids, mask, logits_to_keep=1)[:, -1]
 
     @torch.inference_mode()
     def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         started = time.perf_counter()
-        committed = self._committed_ids(ctx)
+        committed = committed_tokens(ctx, [0] * ctx.tokens.shape[0])  # every row's, prompt included
         encoded = self._draft_encoding(committed)
         reencode_s = time.perf_counter() - started
         logits = self._feed(encoded, ctx.tokens.device)  # [B, V_d]

@@ -10,7 +10,9 @@ So a run compiles one graph per bucket (and batch size), each with the matmul pl
 
 Passes it does not take run eagerly through the same decoder: prompts longer than
 ``max_tokens``, a transformers cache, a shared early-exit draft's split passes (whose layers hold
-different numbers of slots), token trees, and passes whose hidden states a draft reads.
+different numbers of slots), token trees, passes whose hidden states a draft reads, and every pass
+of a model with sliding-window layers (Gemma3: its window is over each row's positions, which the
+full-capacity mask does not carry).
 """
 
 from types import SimpleNamespace
@@ -60,6 +62,7 @@ class CompiledDecoder:
         self.decoder, self.mode, self.max_tokens = decoder, mode, max_tokens
         self.config, self.dtype, self.device = decoder.config, decoder.dtype, decoder.device
         self.compiled_passes = 0  # passes that ran compiled (the rest ran eagerly)
+        self.windowed = any(w is not None for w in decoder.windows)
         self._compiled = torch.compile(self._pass, mode=mode, fullgraph=True)
 
     def _pass(self, input_ids: torch.Tensor, position_ids: torch.Tensor, valid: torch.Tensor, start: torch.Tensor,
@@ -78,7 +81,7 @@ class CompiledDecoder:
         # A token tree's pass (its own mask) and one a draft reads hidden states of run eagerly: the
         # compiled graph builds a causal mask and returns logits alone.
         if (lengths is None or len(lengths) != 1 or T > self.max_tokens or not logits_to_keep or mask is not None
-                or hidden_layers):
+                or hidden_layers or self.windowed):
             return self.decoder(input_ids, attention_mask, position_ids, cache, logits_to_keep, hidden_layers, mask)
         start = lengths.pop()  # every layer holds the same slots; extend booked [start, start + T)
         padding = bucket(T) - T

@@ -23,6 +23,7 @@ import torch
 from specexp.core.interface import Context, Drafter
 from specexp.core.kv import hidden_features
 from specexp.core.sampling import SamplingConfig, logits_to_probs
+from specexp.drafts.base import common_prefix
 from specexp.errors import UserInputError
 
 
@@ -60,13 +61,6 @@ def alpha(rounds: ReplayedRounds, k: int) -> float | None:
     took = sum(float((reach_weights(c[:k]) * c[:k]).sum()) for c in rounds.conditional)
     looked = sum(float(reach_weights(c[:k]).sum()) for c in rounds.conditional)
     return took / looked if looked else None
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 @torch.inference_mode()

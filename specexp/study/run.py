@@ -152,7 +152,7 @@ def round_table(out: GenerationOutput, prompts: list[Prompt], mode: str, batch: 
         "emitted": out.n_emitted.numpy()[r, b],
         "group": out.group.numpy()[r, b] if out.group is not None else 0,  # prompt lookup: the match length
         "draft_s": np.asarray(out.draft_s)[r],  # per round, shared by the rows of a batch
-        "reencode_s": np.asarray(out.reencode_s, dtype=float)[r] if out.reencode_s else 0.0,  # of draft_s: text re-encoding
+        "reencode_s": np.asarray(out.reencode_s, dtype=float)[r],  # of draft_s: re-encoding text between tokenizers
         "target_s": np.asarray(out.target_s)[r],
         "verify_s": np.asarray(out.verify_s)[r],
     })
