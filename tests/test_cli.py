@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from specexp.cli import CONFIG_DIR, unknown_choice
-from tests.commands import run_specexp
+from tests.commands import run_in_one_process, run_specexp
 from tests.conftest import tiny_model
 
 GROUP_OPTIONS = {group: sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
@@ -73,16 +73,24 @@ BAD_INPUTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def bad_input_runs(prompt_files, tmp_path_factory) -> dict:
+    """Each BAD_INPUTS case as `python -m specexp OVERRIDES` (one interpreter for all, each run as
+    `python -m` runs it): case -> (its run folder, the command's CompletedProcess)."""
+    folder = tmp_path_factory.mktemp("bad_inputs")
+    calls = [("specexp", [*(o.format(**prompt_files) for o in BAD_INPUTS[case][0]), f"hydra.run.dir={folder / case}"])
+             for case in BAD_INPUTS]
+    return {case: (folder / case, out) for case, out in zip(BAD_INPUTS, run_in_one_process(calls), strict=True)}
+
+
 @pytest.mark.default_target
+@pytest.mark.xdist_group("bad_input_runs")  # one worker: the batch runs once
 @pytest.mark.parametrize("case", BAD_INPUTS.keys())
-def test_bad_input_is_one_line_error_and_nothing_written(case, prompt_files, tmp_path):
-    overrides, message = BAD_INPUTS[case]
-    overrides = [o.format(**prompt_files) for o in overrides]
-    run_dir = tmp_path / "run"
-    out = run_specexp(*overrides, f"hydra.run.dir={run_dir}")
+def test_bad_input_is_one_line_error_and_nothing_written(case, bad_input_runs):
+    run_dir, out = bad_input_runs[case]
     assert out.returncode == 2, out.stderr
     error_lines = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
-    assert len(error_lines) == 1 and message in error_lines[0], out.stderr
+    assert len(error_lines) == 1 and BAD_INPUTS[case][1] in error_lines[0], out.stderr
     assert "Traceback" not in out.stderr
     assert not run_dir.exists()
 

@@ -15,7 +15,7 @@ from specexp.core.tree_policy import TreeK, slot_counts
 from specexp.costs import cost_model
 from specexp.costs.profile import Profile
 from specexp.study.run import summarize
-from tests.commands import run_module
+from tests.commands import run_in_one_process, run_module
 
 
 def hand_profile(pass_s=(0.1, 0.1, 0.2), overhead_s=0.01, draft_s=(0.005, 0.010), reset_s=0.02) -> Profile:
@@ -281,19 +281,32 @@ def test_profile_command_measures_prints_and_writes_a_profile_a_study_can_price_
     assert summary["profile"] == str(tmp_path / "p.json") and summary["predicted_speedup"] > 0
 
 
+BAD_K_SETTINGS = {
+    "draft.k=sometimes": "draft.k=sometimes is not allowed; give an integer >= 1, or one of: auto, heuristic",
+    "draft.k_max=0": "draft.k_max=0 is not allowed",
+    "profile.path=/nonexistent.json": "profile.path='/nonexistent.json' is not a file",
+    "draft=distilled draft.tree=auto": "draft.tree=auto sizes a token tree; give draft.branches >= 2 (draft.branches=1)",
+    "draft.branches=3": "draft.k=auto prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
+                        "target_prefix, ngram_lm); this token tree (draft.branches=3) takes a fixed node budget",
+}
+
+
+@pytest.fixture(scope="module")
+def bad_k_runs(tmp_path_factory) -> dict:
+    """Each BAD_K_SETTINGS study, in one interpreter: override -> (its run folder, CompletedProcess)."""
+    folder = tmp_path_factory.mktemp("bad_k")
+    runs = {override: folder / str(i) for i, override in enumerate(BAD_K_SETTINGS)}
+    calls = [("specexp", ["size=smoke", *override.split(), f"hydra.run.dir={run}"]) for override, run in runs.items()]
+    return {override: (runs[override], out) for override, out in zip(runs, run_in_one_process(calls), strict=True)}
+
+
 @pytest.mark.default_target
-@pytest.mark.parametrize(("override", "message"), [
-    ("draft.k=sometimes", "draft.k=sometimes is not allowed; give an integer >= 1, or one of: auto, heuristic"),
-    ("draft.k_max=0", "draft.k_max=0 is not allowed"),
-    ("profile.path=/nonexistent.json", "profile.path='/nonexistent.json' is not a file"),
-    ("draft=distilled draft.tree=auto", "draft.tree=auto sizes a token tree; give draft.branches >= 2 (draft.branches=1)"),
-    ("draft.branches=3", "draft.k=auto prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
-                         "target_prefix, ngram_lm); this token tree (draft.branches=3) takes a fixed node budget"),
-])
-def test_bad_k_and_profile_settings_fail_in_one_line(tmp_path, override, message):
-    out = run_module("specexp", "size=smoke", *override.split(), f"hydra.run.dir={tmp_path / 'run'}")
-    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
-    assert not (tmp_path / "run").exists()
+@pytest.mark.xdist_group("bad_k_runs")  # one worker: the batch runs once
+@pytest.mark.parametrize("override", BAD_K_SETTINGS)
+def test_bad_k_and_profile_settings_fail_in_one_line(override, bad_k_runs):
+    run_dir, out = bad_k_runs[override]
+    assert out.returncode == 2 and BAD_K_SETTINGS[override] in out.stderr and "Traceback" not in out.stderr
+    assert not run_dir.exists()
 
 
 def test_slot_counts_count_tree_slots_and_the_accepted_path():

@@ -29,7 +29,7 @@ from specexp.drafts.cross_vocab import CrossVocabDrafter
 from specexp.drafts.small_lm import SmallLMDrafter, small_lm_draft
 from specexp.drafts.vocab_map import token_bytes, vocab_map
 from specexp.errors import UserInputError
-from tests.commands import run_smoke_study
+from tests.commands import run_in_one_process, run_smoke_study
 from tests.conftest import EOS, tiny_model
 from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, exact_joint, grouped_chi_square
 
@@ -194,15 +194,28 @@ def test_a_draft_of_another_tokenizer_runs_from_the_cli_on_the_default_target(by
     assert 0 < summary["time_split"]["draft_reencode"] < summary["time_split"]["draft"]
 
 
+BAD_CROSS_VOCAB = {
+    "draft.vocab_mapping=bytes": "draft.vocab_mapping=bytes is not allowed; choose one of: tli, string",
+    "draft.min_overlap=0.99": "below draft.min_overlap=0.99",
+}
+
+
+@pytest.fixture(scope="module")
+def bad_cross_vocab_runs(byte_level_draft_folder, tmp_path_factory) -> dict:
+    """Each BAD_CROSS_VOCAB smoke study in one interpreter: override -> (its run folder, CompletedProcess)."""
+    folder = tmp_path_factory.mktemp("bad_cross_vocab")
+    runs = {override: folder / str(i) for i, override in enumerate(BAD_CROSS_VOCAB)}
+    calls = [("specexp", ["size=smoke", "data.limit=1", "max_new_tokens=8", "draft=small_lm",
+                          f"draft.model={byte_level_draft_folder}", override, "draft.k=2", "profile.enabled=false",
+                          f"hydra.run.dir={run}"]) for override, run in runs.items()]
+    return {override: (runs[override], out) for override, out in zip(runs, run_in_one_process(calls), strict=True)}
+
+
 @pytest.mark.default_target
-@pytest.mark.parametrize(("override", "message"), [
-    ("draft.vocab_mapping=bytes", "draft.vocab_mapping=bytes is not allowed; choose one of: tli, string"),
-    ("draft.min_overlap=0.99", "below draft.min_overlap=0.99"),
-])
-def test_bad_cross_vocabulary_settings_are_one_line(byte_level_draft_folder, tmp_path, override, message):
-    run_dir = tmp_path / "run"
-    out = run_smoke_study("draft=small_lm", f"draft.model={byte_level_draft_folder}", override, "draft.k=2",
-                          "profile.enabled=false", f"hydra.run.dir={run_dir}")
+@pytest.mark.xdist_group("bad_cross_vocab_runs")  # one worker: the batch runs once
+@pytest.mark.parametrize("override", BAD_CROSS_VOCAB)
+def test_bad_cross_vocabulary_settings_are_one_line(override, bad_cross_vocab_runs):
+    run_dir, out = bad_cross_vocab_runs[override]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
-    assert out.returncode == 2 and len(errors) == 1 and message in errors[0], out.stderr[-2000:]
+    assert out.returncode == 2 and len(errors) == 1 and BAD_CROSS_VOCAB[override] in errors[0], out.stderr[-2000:]
     assert "Traceback" not in out.stderr and not run_dir.exists()

@@ -190,7 +190,9 @@ def test_distill_command_end_to_end(tmp_path):
     header = markdown_table(table).splitlines()[0]
     assert "best_alpha" in header and "greedy_match" in header and "path" not in header.split(" | ")
 
-    study = run_smoke_study("draft=small_lm", f"draft.model={run_dir / 'student'}", f"hydra.run.dir={tmp_path / 'study'}")
+    # at a fixed K, unpriced: the export is under test (a priced study: test_cli's default study)
+    study = run_smoke_study("draft=small_lm", f"draft.model={run_dir / 'student'}", "draft.k=2", "profile.enabled=false",
+                            f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0
 
@@ -212,8 +214,8 @@ def test_exit_head_command_end_to_end(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["steps"] == 4 and result["parameters"] < 1_000_000  # the head alone, not the target
     # (both modes with a saved head, and on-policy refused: tests/test_early_exit.py)
-    study = run_smoke_study("draft=early_exit", f"draft.head={head}", "draft.exit_layer=null",
-                            f"hydra.run.dir={tmp_path / 'study'}")
+    study = run_smoke_study("draft=early_exit", f"draft.head={head}", "draft.exit_layer=null", "draft.k=2",
+                            "profile.enabled=false", f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0
 

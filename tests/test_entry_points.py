@@ -2,18 +2,33 @@
 
 import pytest
 
-from tests.commands import run_module
+from tests.commands import run_in_one_process, run_module
 
 ENTRY_POINTS = ["specexp", "specexp.profile", "specexp.collect", "specexp.figures", "specexp.predict",
                 "specexp.dashboard", "specexp.distill", "specexp.ngram", "specexp.pairing"]
 
 
+@pytest.fixture(scope="module")
+def help_answers() -> dict:
+    """`python -m X --help` for every entry point, in one interpreter (each as `python -m` runs it)."""
+    return dict(zip(ENTRY_POINTS, run_in_one_process([(module, ["--help"]) for module in ENTRY_POINTS]), strict=True))
+
+
+@pytest.mark.xdist_group("help_answers")  # one worker: the batch runs once
 @pytest.mark.parametrize("module", ENTRY_POINTS)
-def test_every_entry_point_answers_help(module):
-    out = run_module(module, "--help", timeout=300)
+def test_every_entry_point_answers_help(module, help_answers):
+    out = help_answers[module]
     assert out.returncode == 0, out.stderr[-2000:]
     text = (out.stdout + out.stderr).lower()
     assert "traceback" not in text and ("usage" in text or "powered by hydra" in text), text[-2000:]  # Hydra's own help
+
+
+def test_a_command_run_in_one_process_keeps_its_own_status_and_output():
+    """The batch runner the help and bad-input tests use: a failing command's exit status and its
+    one error line stay its own, and the next command runs afresh after it."""
+    bad, good = run_in_one_process([("specexp", ["draft=ngram_typo"]), ("specexp", ["--cfg", "job", "draft.k=7"])])
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown draft 'ngram_typo'") and not bad.stdout
+    assert good.returncode == 0 and "k: 7" in good.stdout and "error" not in good.stderr
 
 
 def test_the_profile_command_turns_a_bad_override_into_one_line():

@@ -216,6 +216,7 @@ def check_shipped_distilled(default_pair) -> tuple[float, float]:
     return p_value, detectable_tvd(DEFAULT_TARGET_ROWS, dof)
 
 
+@pytest.mark.slow  # ~75 s; the same code in CI: the grid's reduced_vocab, small_lm_int8 and distilled_like rows
 @pytest.mark.default_target
 def test_the_shipped_distilled_draft_samples_the_default_target(default_pair):
     """draft=distilled as shipped (reduced vocabulary, int8 weights on a CPU) at K = 2, sampled."""

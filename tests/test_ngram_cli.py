@@ -7,7 +7,7 @@ import pytest
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.retrieval import RetrievalDrafter
 from specexp.errors import UserInputError
-from tests.commands import run_module
+from tests.commands import run_in_one_process, run_module
 from tests.conftest import build_ngram_files, tiny_model
 
 
@@ -40,18 +40,31 @@ def test_build_then_decode_with_each_ngram_draft(tmp_path):
         assert json.loads((run_dir / "summary.json").read_text())["greedy_match"] == 1.0
 
 
+BUILD_ERRORS = {  # what `python -m specexp.ngram` is given -> what its one error line says
+    "empty_corpus": (["lm", "--out", "x.npz", "--text", "{empty}"], "corpus is empty"),
+    "order_too_high": (["lm", "--out", "x.npz", "--text", "{corpus}", "--order", "12"],
+                       "order 12 is not allowed; it must be in 1..8"),
+    "no_corpus": (["datastore", "--out", "x.npz"], "no corpus given"),
+}
+
+
+@pytest.fixture(scope="module")
+def build_error_runs(tmp_path_factory) -> dict:
+    """Each BUILD_ERRORS build in one interpreter: case -> (the file it must not write, CompletedProcess)."""
+    folder = tmp_path_factory.mktemp("ngram_errors")
+    (folder / "empty.txt").write_text("")
+    (folder / "corpus.txt").write_text("some words\n")
+    calls = [("specexp.ngram", [a.format(empty=folder / "empty.txt", corpus=folder / "corpus.txt")
+                                .replace("x.npz", str(folder / f"{case}.npz")) for a in args])
+             for case, (args, _) in BUILD_ERRORS.items()]
+    return {case: (folder / f"{case}.npz", out) for case, out in zip(BUILD_ERRORS, run_in_one_process(calls), strict=True)}
+
+
 @pytest.mark.default_target
-@pytest.mark.parametrize("args, message", [
-    (["lm", "--out", "x.npz", "--text", "{empty}"], "corpus is empty"),
-    (["lm", "--out", "x.npz", "--text", "{corpus}", "--order", "12"], "order 12 is not allowed; it must be in 1..8"),
-    (["datastore", "--out", "x.npz"], "no corpus given"),
-])
-def test_build_errors_are_one_line(tmp_path, args, message):
-    (tmp_path / "empty.txt").write_text("")
-    (tmp_path / "corpus.txt").write_text("some words\n")
-    args = [a.format(empty=tmp_path / "empty.txt", corpus=tmp_path / "corpus.txt").replace("x.npz", str(tmp_path / "x.npz"))
-            for a in args]
-    out = run_module("specexp.ngram", *args)
+@pytest.mark.xdist_group("build_error_runs")  # one worker: the batch runs once
+@pytest.mark.parametrize("case", BUILD_ERRORS)
+def test_build_errors_are_one_line(case, build_error_runs):
+    written, out = build_error_runs[case]
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].startswith("error: ") and message in out.stderr
-    assert not (tmp_path / "x.npz").exists()
+    assert out.stderr.strip().splitlines()[-1].startswith("error: ") and BUILD_ERRORS[case][1] in out.stderr
+    assert not written.exists()

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from specexp.reporting.collect import collect
-from tests.commands import run_module, run_specexp
+from tests.commands import run_in_one_process, run_module, run_specexp
 
 
 @pytest.mark.default_target
@@ -48,13 +48,25 @@ def test_the_pairing_command_predicts_every_k_ranks_and_skips_what_does_not_appl
     assert (tmp_path / "pairing.csv").exists() and "ranked per target" in out.stdout
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("--profile", "/no/such/profile.json"), "--profile /no/such/profile.json does not exist"),
-    (("--drafts", "prompt_lookup,nope"), "nope"),
-    (("--targets",), "--targets needs a value"),
-])
-def test_bad_pairing_input_is_one_line(tmp_path, args, message):
-    out = run_module("specexp.pairing", "--out", str(tmp_path / "out"), *args)
+BAD_PAIRING_INPUT = {
+    "missing_profile": (("--profile", "/no/such/profile.json"), "--profile /no/such/profile.json does not exist"),
+    "unknown_draft": (("--drafts", "prompt_lookup,nope"), "nope"),
+    "option_without_value": (("--targets",), "--targets needs a value"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_pairing_runs(tmp_path_factory) -> dict:
+    """Each BAD_PAIRING_INPUT command in one interpreter: case -> (its --out folder, CompletedProcess)."""
+    folder = tmp_path_factory.mktemp("bad_pairing")
+    calls = [("specexp.pairing", ["--out", str(folder / case), *args]) for case, (args, _) in BAD_PAIRING_INPUT.items()]
+    return {case: (folder / case, out) for case, out in zip(BAD_PAIRING_INPUT, run_in_one_process(calls), strict=True)}
+
+
+@pytest.mark.xdist_group("bad_pairing_runs")  # one worker: the batch runs once
+@pytest.mark.parametrize("case", BAD_PAIRING_INPUT)
+def test_bad_pairing_input_is_one_line(case, bad_pairing_runs):
+    out_dir, out = bad_pairing_runs[case]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
-    assert out.returncode == 2 and len(errors) == 1 and message in errors[0], out.stderr[-2000:]
-    assert not (tmp_path / "out").exists()
+    assert out.returncode == 2 and len(errors) == 1 and BAD_PAIRING_INPUT[case][1] in errors[0], out.stderr[-2000:]
+    assert not out_dir.exists()

@@ -95,3 +95,20 @@ def test_pricing_a_curve_is_tokens_per_round_over_round_seconds():
     assert priced["predicted_speedup"] == pytest.approx(tokens / (0.15 + 1.3))
     declined = predict_from_curve([0.8], 0, FlatProfile(), "d", 100.0, 10.0, 1001)  # K = 0: AR exactly
     assert declined == {"predicted_tau": 1.0, "predicted_speedup": pytest.approx(1.0)}
+
+
+def test_sampled_references_are_written_once_per_target_and_shared_by_its_drafts(target, prompts, monkeypatch):
+    """python -m specexp.pairing replays every draft of a target along the same sampled continuations:
+    the second draft's call generates nothing and gets the first's, token for token."""
+    from types import SimpleNamespace
+
+    from specexp.reporting import pairing
+
+    study = SimpleNamespace(forward=target.model, target=SimpleNamespace(name=f"tiny-{id(target)}", model=target.model,
+                                                                         eos_token_ids=NO_EOS, pad_token_id=0),
+                            encoded=prompts[:2], sampling=SamplingConfig(temperature=1.0), seed=0, max_new_tokens=8,
+                            batch_size=1)
+    first = pairing.references(study, extra=2)
+    assert [len(r) for r in first] == [10, 10]
+    monkeypatch.setattr(pairing, "generate", lambda *a, **k: pytest.fail("generated a continuation again"))
+    assert pairing.references(study, extra=2) == first

@@ -220,17 +220,16 @@ def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path)
     out = run_specexp("experiment=exit_layer_sweep", "size=smoke", "draft.k=2", "max_new_tokens=16",
                       "profile.enabled=false", f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert run_module("specexp.collect", str(sweep)).returncode == 0
-    table = pd.read_parquet(sweep / "collected.parquet")
+    from specexp.reporting import figures, plots
+    from specexp.reporting.collect import collect
+
+    table = collect([sweep])  # (the collect and figures commands: test_smoke_k_sweep_runs_collects_and_plots)
     assert len(table) == 6 and set(table["status"]) == {"ok"} and (table["greedy_match"] == 1.0).all()
     assert sorted(table["cfg.draft.exit_layer"].unique()) == [6, 12, 18]
     alpha = table.groupby("cfg.draft.head")["alpha"].mean()
     assert alpha["trained"] > alpha["untrained"] + 0.05
-    out = run_module("specexp.figures", str(sweep), "--out", str(tmp_path / "figures"))
-    assert out.returncode == 0, out.stderr
-    assert (tmp_path / "figures" / "exit_layer_effect.pdf").exists()
-    from specexp.reporting import figures, plots
-
+    written, _ = figures.make_figures([sweep], tmp_path / "figures")
+    assert "exit_layer_effect.pdf" in written
     jobs = figures.study_jobs([sweep])
     assert set(jobs["draft"]) == {"early_exit/untrained/shared", "early_exit/trained/shared"}
     ax = plots.effect_of(jobs, "exit_layer", "exit layer L").axes[0]
