@@ -1,15 +1,16 @@
 """Acceptance predicted before decoding against the study that measures it (issue 33).
 
-  python benchmarks/pairing.py [--prompts 8] [--max-new-tokens 64] [--sampling greedy] [--data mt_bench]
+  python benchmarks/pairing.py [--prompts 8] [--max-new-tokens 64]
+                               [--settings mt_bench:greedy,spec_bench:greedy,mt_bench:nucleus,spec_bench:nucleus]
                                [--out benchmarks/pairing.md]
 
 For each (target, draft) pair below, in one process: `python -m specexp.pairing`'s prediction (the
 target's continuations, the draft replayed along them, every K priced with this machine's profile)
 and then the study itself (`python -m specexp target=T draft=D` at the same prompts, sampling and
 size, draft.k=auto as the study's default, 30 s of extra timing passes as the sweeps), with the wall
-time of each. Per cell: predicted and
-measured alpha and speedup, the measured 95% intervals, and whether the prediction is a hit (inside
-the interval); per target: the drafts ranked by predicted and by measured speedup.
+time of each, at each setting (data:sampling; nucleus is T = 0.7). Per cell: predicted and measured
+alpha and speedup, the measured 95% intervals, and whether the prediction is a hit (inside the
+interval); per target and setting: the drafts ranked by predicted and by measured speedup.
 """
 
 import argparse
@@ -56,37 +57,54 @@ def cell(target: str, draft: str, overrides: list[str]) -> dict:
             "mean_k": measured.get("mean_k"), "predict_s": predict_s, "study_s": study_s}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--sampling", default="greedy")
-    parser.add_argument("--data", default="mt_bench")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "pairing.md")
-    args = parser.parse_args()
-    overrides = [f"data={args.data}", f"data.limit={args.prompts}", f"max_new_tokens={args.max_new_tokens}",
-                 f"sampling={args.sampling}", "timing.budget_s=30"]  # the sweeps' timing budget
+def setting_report(data: str, sampling: str, args) -> tuple[list[str], pd.DataFrame]:
+    """One setting's cells (a table) and each target's two rankings."""
+    overrides = [f"data={data}", f"data.limit={args.prompts}", f"max_new_tokens={args.max_new_tokens}",
+                 f"sampling={sampling}", "timing.budget_s=30"]  # the sweeps' timing budget
     cells = [cell(target, draft, overrides) for target, drafts in PAIRS.items() for draft in drafts]
     rows = ["| target | draft | best K (pred) | alpha pred | alpha measured [95%] | alpha | speedup pred | "
             "speedup measured [95%] | speedup | predict s | study s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         a_lo, a_hi = c["alpha_ci95"] or (None, None)
         s_lo, s_hi = c["speedup_ci95"] or (None, None)
+        c["hit"] = inside(c["predicted_speedup"], c["speedup_ci95"])
         rows.append(f"| {c['target']} | {c['draft']} | {c['best_k']} | {fmt(c['predicted_alpha'])} | {fmt(c['alpha'])} "
                     f"[{fmt(a_lo)}, {fmt(a_hi)}] | {inside(c['predicted_alpha'], c['alpha_ci95'])} | "
                     f"{fmt(c['predicted_speedup'])} | {fmt(c['speedup'])} [{fmt(s_lo)}, {fmt(s_hi)}] | "
-                    f"{inside(c['predicted_speedup'], c['speedup_ci95'])} | {c['predict_s']:.0f} | {c['study_s']:.0f} |")
+                    f"{c['hit']} | {c['predict_s']:.0f} | {c['study_s']:.0f} |")
     table = pd.DataFrame(cells)
     ranks = ["| target | by predicted speedup | by measured speedup |", "|---|---|---|"]
     for target, group in table.groupby("target", sort=False):
         by_pred = " > ".join(group.sort_values("predicted_speedup", ascending=False)["draft"])
         by_meas = " > ".join(group.sort_values("speedup", ascending=False)["draft"])
         ranks.append(f"| {target} | {by_pred} | {by_meas} |")
-    lines = [*report_header("Acceptance predicted before decoding, against the study"),
-             f"{args.prompts} {args.data} prompts x {args.max_new_tokens} tokens, sampling={args.sampling}, batch 1, "
-             "the study at draft.k=auto; the prediction at its best K. 'hit': inside the measured 95% interval.", "",
-             *rows, "", "## Rankings", "", *ranks]
-    write_report(args.out, lines)
+    hits = (table["hit"] == "hit").sum()
+    lines = [f"## {data}, sampling={sampling}", "", *rows, "",
+             f"Speedup hits: {hits} of {len(table)}; predict {table['predict_s'].sum():.0f} s, "
+             f"study {table['study_s'].sum():.0f} s in all.", "", *ranks, ""]
+    return lines, table.assign(data=data, sampling=sampling)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--settings", default="mt_bench:greedy,spec_bench:greedy,mt_bench:nucleus,spec_bench:nucleus",
+                        help="data:sampling pairs, comma-separated")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "pairing.md")
+    args = parser.parse_args()
+    sections, tables = [], []
+    for setting in args.settings.split(","):  # the report is rewritten after each setting: a kill loses one
+        data, sampling = setting.split(":")
+        lines, table = setting_report(data, sampling, args)
+        sections += lines
+        tables.append(table)
+        every = pd.concat(tables)
+        write_report(args.out, [
+            *report_header("Acceptance predicted before decoding, against the study"),
+            f"{args.prompts} prompts x {args.max_new_tokens} tokens per setting, batch 1, the study at draft.k=auto "
+            "as its default; the prediction at its best K (0..k_max; 0: AR). 'hit': inside the measured 95% interval. "
+            f"Speedup hits over the settings below: {(every['hit'] == 'hit').sum()} of {len(every)}.", "", *sections])
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 and ranking `python -m specexp.pairing` writes."""
 
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -22,16 +23,26 @@ from specexp.study.run import Study, prepare
 SHOWN = ("target", "draft", "data", "temperature", "best_k", "predicted_alpha", "predicted_tau", "predicted_speedup")
 
 
+_SAMPLED: dict[tuple, list[int]] = {}  # (target, prompt, new tokens, warp, seed) -> continuation, for the process
+
+
 def references(study: Study, extra: int) -> list[list[int]]:
     """The target's own continuation of each prompt, ``extra`` tokens past max_new_tokens (the last round's
-    proposal is judged in full): greedy, or sampled with the study's warp (seeded)."""
+    proposal is judged in full): greedy, or sampled with the study's warp (seeded). Kept for the process,
+    so the drafts of one target are replayed along the same continuations, written once."""
     new_tokens = study.max_new_tokens + extra
     if study.sampling.greedy:
         return greedy_continuations(study.forward, study.target, study.encoded, new_tokens, study.batch_size)
     device = study.target.model.device
-    return [generate(study.forward, [ids], None, study.sampling, new_tokens, study.target.eos_token_ids,
-                     torch.Generator(device).manual_seed(study.seed + i), study.target.pad_token_id).tokens[0]
-            for i, ids in enumerate(study.encoded)]
+    warp = tuple(sorted(asdict(study.sampling).items()))
+    refs = []
+    for i, ids in enumerate(study.encoded):
+        key = (study.target.name, tuple(ids), new_tokens, warp, study.seed + i)
+        if key not in _SAMPLED:
+            _SAMPLED[key] = generate(study.forward, [ids], None, study.sampling, new_tokens, study.target.eos_token_ids,
+                                     torch.Generator(device).manual_seed(study.seed + i), study.target.pad_token_id).tokens[0]
+        refs.append(_SAMPLED[key])
+    return refs
 
 
 def replay_drafter(cfg: DictConfig, study: Study):
