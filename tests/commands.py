@@ -28,18 +28,22 @@ def run_distill(*args: str) -> subprocess.CompletedProcess:
     return run_module("specexp.distill", *args)
 
 
+SMOKE_STUDY = ["size=smoke", "data.limit=1", "max_new_tokens=8"]  # a one-prompt, 8-token study
+
+
 def run_smoke_study(*args: str) -> subprocess.CompletedProcess:
     """A one-prompt, 8-token study."""
-    return run_specexp("size=smoke", "data.limit=1", "max_new_tokens=8", *args)
+    return run_specexp(*SMOKE_STUDY, *args)
 
 
-def run_in_one_process(calls: list[tuple[str, list[str]]], timeout: int = 600) -> list[subprocess.CompletedProcess]:
-    """Each `python -m MODULE ARGS` of ``calls`` run one after another in one fresh interpreter
-    (tests/one_process.py: the command as `python -m` runs it, its output and exit status its own),
-    for batches of commands that stop early, so each does not pay the imports again."""
+def run_in_one_process(calls: dict[str, tuple[str, list[str]]], timeout: int = 600) -> dict[str, subprocess.CompletedProcess]:
+    """``calls``: name -> (MODULE, ARGS); each `python -m MODULE ARGS` run one after another in one fresh
+    interpreter (tests/one_process.py: the command as `python -m` runs it, its output and exit status its
+    own), for batches of commands that stop early, so each does not pay the imports again."""
     out = subprocess.run([sys.executable, "-m", "tests.one_process"], cwd=REPO, capture_output=True, text=True,
-                         timeout=timeout, env={**os.environ, **OFFLINE_WANDB}, input=json.dumps(calls))
+                         timeout=timeout, env={**os.environ, **OFFLINE_WANDB}, input=json.dumps(list(calls.values())))
     if out.returncode != 0:
         raise RuntimeError(f"tests.one_process failed: {out.stderr[-3000:]}")
-    return [subprocess.CompletedProcess([sys.executable, "-m", module, *args], r["returncode"], r["stdout"], r["stderr"])
-            for (module, args), r in zip(calls, json.loads(out.stdout), strict=True)]
+    return {name: subprocess.CompletedProcess([sys.executable, "-m", module, *args], r["returncode"], r["stdout"],
+                                              r["stderr"])
+            for (name, (module, args)), r in zip(calls.items(), json.loads(out.stdout), strict=True)}

@@ -78,9 +78,9 @@ def bad_input_runs(prompt_files, tmp_path_factory) -> dict:
     """Each BAD_INPUTS case as `python -m specexp OVERRIDES` (one interpreter for all, each run as
     `python -m` runs it): case -> (its run folder, the command's CompletedProcess)."""
     folder = tmp_path_factory.mktemp("bad_inputs")
-    calls = [("specexp", [*(o.format(**prompt_files) for o in BAD_INPUTS[case][0]), f"hydra.run.dir={folder / case}"])
-             for case in BAD_INPUTS]
-    return {case: (folder / case, out) for case, out in zip(BAD_INPUTS, run_in_one_process(calls), strict=True)}
+    calls = {case: ("specexp", [*(o.format(**prompt_files) for o in overrides), f"hydra.run.dir={folder / case}"])
+             for case, (overrides, _) in BAD_INPUTS.items()}
+    return {case: (folder / case, out) for case, out in run_in_one_process(calls).items()}
 
 
 @pytest.mark.default_target

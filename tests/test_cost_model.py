@@ -296,8 +296,8 @@ def bad_k_runs(tmp_path_factory) -> dict:
     """Each BAD_K_SETTINGS study, in one interpreter: override -> (its run folder, CompletedProcess)."""
     folder = tmp_path_factory.mktemp("bad_k")
     runs = {override: folder / str(i) for i, override in enumerate(BAD_K_SETTINGS)}
-    calls = [("specexp", ["size=smoke", *override.split(), f"hydra.run.dir={run}"]) for override, run in runs.items()]
-    return {override: (runs[override], out) for override, out in zip(runs, run_in_one_process(calls), strict=True)}
+    calls = {override: ("specexp", ["size=smoke", *override.split(), f"hydra.run.dir={run}"]) for override, run in runs.items()}
+    return {override: (runs[override], out) for override, out in run_in_one_process(calls).items()}
 
 
 @pytest.mark.default_target

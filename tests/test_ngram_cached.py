@@ -110,8 +110,9 @@ def test_every_draft_config_with_its_required_values_missing_is_one_line():
 
 def test_a_missing_required_value_ends_in_one_line_and_exit_2(tmp_path):
     cases = ((["draft=small_lm"], "draft.model"), (["target=hf"], "target.name_or_path"), (["data=hf"], "data.name_or_path"))
-    runs = run_in_one_process([("specexp", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]) for overrides, _ in cases])
-    for (overrides, key), out in zip(cases, runs, strict=True):
+    runs = run_in_one_process({key: ("specexp", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]) for overrides, key in cases})
+    for overrides, key in cases:
+        out = runs[key]
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
         assert out.stderr.strip().splitlines() == [out.stderr.strip().splitlines()[-1]]
         assert out.stderr.startswith(f"error: {key} is required by {overrides[0]}")

@@ -54,10 +54,10 @@ def build_error_runs(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("ngram_errors")
     (folder / "empty.txt").write_text("")
     (folder / "corpus.txt").write_text("some words\n")
-    calls = [("specexp.ngram", [a.format(empty=folder / "empty.txt", corpus=folder / "corpus.txt")
-                                .replace("x.npz", str(folder / f"{case}.npz")) for a in args])
-             for case, (args, _) in BUILD_ERRORS.items()]
-    return {case: (folder / f"{case}.npz", out) for case, out in zip(BUILD_ERRORS, run_in_one_process(calls), strict=True)}
+    calls = {case: ("specexp.ngram", [a.format(empty=folder / "empty.txt", corpus=folder / "corpus.txt")
+                                      .replace("x.npz", str(folder / f"{case}.npz")) for a in args])
+             for case, (args, _) in BUILD_ERRORS.items()}
+    return {case: (folder / f"{case}.npz", out) for case, out in run_in_one_process(calls).items()}
 
 
 @pytest.mark.default_target

@@ -59,8 +59,8 @@ BAD_PAIRING_INPUT = {
 def bad_pairing_runs(tmp_path_factory) -> dict:
     """Each BAD_PAIRING_INPUT command in one interpreter: case -> (its --out folder, CompletedProcess)."""
     folder = tmp_path_factory.mktemp("bad_pairing")
-    calls = [("specexp.pairing", ["--out", str(folder / case), *args]) for case, (args, _) in BAD_PAIRING_INPUT.items()]
-    return {case: (folder / case, out) for case, out in zip(BAD_PAIRING_INPUT, run_in_one_process(calls), strict=True)}
+    calls = {case: ("specexp.pairing", ["--out", str(folder / case), *args]) for case, (args, _) in BAD_PAIRING_INPUT.items()}
+    return {case: (folder / case, out) for case, out in run_in_one_process(calls).items()}
 
 
 @pytest.mark.xdist_group("bad_pairing_runs")  # one worker: the batch runs once
