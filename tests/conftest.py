@@ -110,13 +110,15 @@ def random_exit_head(target: LoadedModel, exit_layer: int, keep_every: int = 2, 
     from specexp.runtime.decoder import lean_decoder
 
     kept = sorted(set(range(0, target.vocab_size, keep_every)) | {EOS})
-    torch.manual_seed(seed)  # the adapter's first layer is initialised from the global generator
     head = ExitHead.trainable(lean_decoder(target.model), exit_layer, adapter_size=16,
                               draft_vocab=DraftVocab(kept, target.vocab_size))
+    # both adapter layers drawn here, from one seeded generator: the head is the same whatever drew
+    # from the global generator before, or how the head's construction draws from it
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for param in head.adapter[-1].parameters():
-            param.copy_(0.3 * torch.randn(param.shape, generator=g))
+        for layer, scale in ((head.adapter[1], 0.1), (head.adapter[-1], 0.1)):
+            for param in layer.parameters():
+                param.copy_(scale * torch.randn(param.shape, generator=g))
     return head.to(target.model.dtype).eval()
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specexp.draft_vocab import DraftVocab, restrict_rows
+from specexp.draft_vocab import DraftVocab, restricted_head
 from specexp.drafts.feature_head import FeatureHead, Prediction
 from specexp.models import LoadedModel
 from specexp.runtime.decoder import LeanDecoder, lean_decoder, rms_norm
@@ -78,10 +78,8 @@ class EagleHead(FeatureHead):
         self._target_head = (target.model.get_output_embeddings(),)
         self.lm_head = None
         if self.own_head:  # starts as the target's head, rows cut to the draft vocabulary
-            weight = restrict_rows(self._target_head[0].weight, draft_vocab)
-            self.lm_head = nn.Linear(H, weight.shape[0], bias=False)
+            self.lm_head = restricted_head(self._target_head[0].weight, draft_vocab)  # [N+1, H]
             with torch.no_grad():
-                self.lm_head.weight.copy_(weight)
                 self.model.norm.weight.copy_(decoder.norm.weight.detach().float())
         self.to(device=target.model.device, dtype=target.model.dtype)
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 
-from specexp.draft_vocab import DraftVocab, restrict_rows
+from specexp.draft_vocab import DraftVocab, restricted_head
 from specexp.errors import DraftDoesNotApply, UserInputError
 from specexp.models import LoadedModel
 from specexp.ngram.corpus import vocab_fingerprint
@@ -53,9 +53,7 @@ class ExitHead(nn.Module):
                   draft_vocab: DraftVocab | None = None, fingerprint: str | None = None) -> "ExitHead":
         """Copies of the target's norm and LM head (rows cut to the draft vocabulary), fp32."""
         decoder.check_exit_layer(exit_layer)
-        weight = restrict_rows(decoder.lm_head.weight, draft_vocab)  # [C, H]
-        lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-        lm_head.weight = nn.Parameter(weight)
+        lm_head = restricted_head(decoder.lm_head.weight, draft_vocab)  # [C, H]
         head = cls(exit_layer, copy.deepcopy(decoder.norm).float(), lm_head, adapter_size, draft_vocab, fingerprint)
         return head.to(decoder.device)
 

@@ -12,7 +12,7 @@ Saved as ``medusa_head.json`` + ``medusa_head.safetensors`` (+ ``draft_vocab.jso
 import torch
 from torch import nn
 
-from specexp.draft_vocab import DraftVocab, restrict_rows
+from specexp.draft_vocab import DraftVocab, restricted_head
 from specexp.drafts.feature_head import FeatureHead, Prediction
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
@@ -53,10 +53,7 @@ class MedusaHeads(FeatureHead):
         self._target_head = (target.model.get_output_embeddings(),)
         self.lm_head = None
         if draft_vocab is not None:
-            weight = restrict_rows(self._target_head[0].weight, draft_vocab)  # [N+1, H]
-            self.lm_head = nn.Linear(self.hidden_size, weight.shape[0], bias=False)
-            with torch.no_grad():
-                self.lm_head.weight.copy_(weight)
+            self.lm_head = restricted_head(self._target_head[0].weight, draft_vocab)  # [N+1, H]
         self.to(device=target.model.device, dtype=target.model.dtype)
 
     def options(self) -> dict:

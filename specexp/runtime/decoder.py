@@ -90,7 +90,9 @@ def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
     becomes a view of the fused one: the same memory, so both forwards read the same numbers."""
     weight = torch.cat([lin.weight for lin in linears])  # [sum(out), in]
     has_bias = linears[0].bias is not None
-    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device=weight.device, dtype=weight.dtype)
+    # on the meta device: a random initialisation of the fused weight, only to replace it, cost
+    # about a second per model load
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device="meta")
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if has_bias:
         fused.bias = nn.Parameter(torch.cat([lin.bias for lin in linears]), requires_grad=False)
