@@ -1,21 +1,88 @@
 """The project's commands as a user runs them: `python -m MODULE ARGS` from the repository root,
-output captured, W&B offline (no run a test starts reaches a server)."""
+output captured, W&B offline (no run a test starts reaches a server).
 
+Each test process runs its commands in one interpreter of its own (tests/command_server.py), which
+imports torch, transformers and Hydra once; a command given another environment, or asked for
+with ``fresh=True``, gets a new interpreter, as a user's shell would start."""
+
+import atexit
+import functools
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 OFFLINE_WANDB = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+PER_TEST = ("PYTEST_CURRENT_TEST",)  # set by pytest for each test: not part of a command's environment
 
 
-def run_module(module: str, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``env``: the command's whole environment (default: this process's, W&B offline)."""
-    env = {**os.environ, **OFFLINE_WANDB} if env is None else env
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+def default_env() -> dict[str, str]:
+    return {k: v for k, v in {**os.environ, **OFFLINE_WANDB}.items() if k not in PER_TEST}
+
+
+class CommandServer:
+    """A `python -m tests.command_server` child: commands in, exit statuses out, output in files."""
+
+    def __init__(self) -> None:
+        self.env = default_env()
+        reply_read, reply_write = os.pipe()
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.command_server", str(reply_write)], cwd=REPO,
+                                        env=self.env, stdin=subprocess.PIPE, text=True, pass_fds=(reply_write,),
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        os.close(reply_write)
+        self.replies = os.fdopen(reply_read)
+
+    def run(self, module: str, args: list[str], timeout: int) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", module, *args]
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+            self.process.stdin.write(json.dumps({"module": module, "args": args, "stdout": str(out),
+                                                 "stderr": str(err)}) + "\n")
+            self.process.stdin.flush()
+            ready, _, _ = select.select([self.replies], [], [], timeout)
+            line = self.replies.readline() if ready else ""
+            if not line:  # past its time, or the interpreter died under it (a crash, a signal)
+                self.stop()
+                command_server.cache_clear()
+                if not ready:
+                    raise subprocess.TimeoutExpired(cmd, timeout, read(out), read(err))
+                return subprocess.CompletedProcess(cmd, self.process.returncode, read(out), read(err))
+            return subprocess.CompletedProcess(cmd, json.loads(line)["returncode"], read(out), read(err))
+
+    def stop(self) -> None:
+        """The server and whatever its commands left running (its own process group)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
+def read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+@functools.cache
+def command_server() -> CommandServer:
+    server = CommandServer()
+    atexit.register(server.stop)
+    return server
+
+
+def run_module(module: str, *args: str, timeout: int = 600, env: dict | None = None,
+               fresh: bool = False) -> subprocess.CompletedProcess:
+    """``env``: the command's whole environment (default: this process's, W&B offline).
+    ``fresh``: in a new interpreter even where the shared one would do."""
+    env = default_env() if env is None else env
+    if fresh or env != command_server().env:
+        return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    return command_server().run(module, list(args), timeout)
 
 
 def run_specexp(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -36,14 +103,6 @@ def run_smoke_study(*args: str) -> subprocess.CompletedProcess:
     return run_specexp(*SMOKE_STUDY, *args)
 
 
-def run_in_one_process(calls: dict[str, tuple[str, list[str]]], timeout: int = 600) -> dict[str, subprocess.CompletedProcess]:
-    """``calls``: name -> (MODULE, ARGS); each `python -m MODULE ARGS` run one after another in one fresh
-    interpreter (tests/one_process.py: the command as `python -m` runs it, its output and exit status its
-    own), for batches of commands that stop early, so each does not pay the imports again."""
-    out = subprocess.run([sys.executable, "-m", "tests.one_process"], cwd=REPO, capture_output=True, text=True,
-                         timeout=timeout, env={**os.environ, **OFFLINE_WANDB}, input=json.dumps(list(calls.values())))
-    if out.returncode != 0:
-        raise RuntimeError(f"tests.one_process failed: {out.stderr[-3000:]}")
-    return {name: subprocess.CompletedProcess([sys.executable, "-m", module, *args], r["returncode"], r["stdout"],
-                                              r["stderr"])
-            for (name, (module, args)), r in zip(calls.items(), json.loads(out.stdout), strict=True)}
+def run_each(calls: dict[str, tuple[str, list[str]]], timeout: int = 600) -> dict[str, subprocess.CompletedProcess]:
+    """``calls``: name -> (MODULE, ARGS); each `python -m MODULE ARGS` run one after another."""
+    return {name: run_module(module, *args, timeout=timeout) for name, (module, args) in calls.items()}

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from specexp.cli import CONFIG_DIR, unknown_choice
-from tests.commands import run_in_one_process, run_specexp
+from tests.commands import run_each, run_module, run_specexp
 from tests.conftest import tiny_model
 
 GROUP_OPTIONS = {group: sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
@@ -80,7 +80,7 @@ def bad_input_runs(prompt_files, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("bad_inputs")
     calls = {case: ("specexp", [*(o.format(**prompt_files) for o in overrides), f"hydra.run.dir={folder / case}"])
              for case, (overrides, _) in BAD_INPUTS.items()}
-    return {case: (folder / case, out) for case, out in run_in_one_process(calls).items()}
+    return {case: (folder / case, out) for case, out in run_each(calls).items()}
 
 
 @pytest.mark.default_target
@@ -98,8 +98,10 @@ def test_bad_input_is_one_line_error_and_nothing_written(case, bad_input_runs):
 @pytest.mark.default_target
 def test_default_study_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
-    # the default profile (its three context lengths), a fifth of its turns per timing: the same code
-    out = run_specexp("data.limit=2", "max_new_tokens=12", "profile.repeats=3", f"hydra.run.dir={run_dir}")
+    # the default profile (its three context lengths), a fifth of its turns per timing: the same code;
+    # in a new interpreter, as the README's first command runs it
+    out = run_module("specexp", "data.limit=2", "max_new_tokens=12", "profile.repeats=3", f"hydra.run.dir={run_dir}",
+                     fresh=True)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",

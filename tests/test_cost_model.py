@@ -14,8 +14,9 @@ from specexp.core.k_policy import HeuristicK, ModelK, expected_tokens
 from specexp.core.tree_policy import TreeK, slot_counts
 from specexp.costs import cost_model
 from specexp.costs.profile import Profile
+from specexp.errors import UserInputError
 from specexp.study.run import summarize
-from tests.commands import run_in_one_process, run_module
+from tests.commands import run_each, run_module
 
 
 def hand_profile(pass_s=(0.1, 0.1, 0.2), overhead_s=0.01, draft_s=(0.005, 0.010), reset_s=0.02) -> Profile:
@@ -197,6 +198,39 @@ def test_a_draft_entry_is_measured_again_when_the_drafts_weights_change(tmp_path
     assert weights_in_profile() != first and len(measured) == 2
 
 
+def test_a_quick_profile_times_a_draft_at_a_few_k_and_interpolates_the_rest(tmp_path, monkeypatch):
+    """profile.draft_ks (size=smoke): the draft's rounds timed at those K, 1 and the largest; every
+    other K priced on the line between its neighbours (past the largest: the last segment's slope),
+    and such a profile kept apart from one timed at every K."""
+    from specexp.core.sampling import SamplingConfig
+    from specexp.costs import profile as profile_module
+    from specexp.drafts.small_lm import SmallLMDrafter
+    from specexp.models import LoadedModel
+    from tests.conftest import tiny_model
+
+    assert profile_module.timed_ks(8, None, [2, 4]) == [1, 2, 4, 8]
+    assert profile_module.timed_ks(8, 3, [2, 4]) == [1, 2, 3]  # Medusa's chain: at most its k_limit
+    assert profile_module.timed_ks(8, None, None) == list(range(1, 9))
+    with pytest.raises(UserInputError, match=r"profile.draft_ks=\[0, 2\] is not allowed"):
+        profile_module.timed_ks(8, None, [0, 2])
+    monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
+    target = LoadedModel(tiny_model(0, layers=1).model.float(), None, "tiny")
+    drafter = SmallLMDrafter(target, LoadedModel(tiny_model(1, layers=1).model.float(), None, "d"), k=2)
+
+    def profiled(draft_ks):
+        return profile_module.ensure_profile(target, target.model, {"name": "hf"}, drafter, "d", [5, 6, 7, 8], 1,
+                                             SamplingConfig(), 2, [16], repeats=1, new_tokens=4, draft_ks=draft_ks)
+
+    quick, every = profiled([2, 4]), profiled(None)
+    assert quick.path != every.path and every.drafts["d"]["k"] == list(range(1, 9))
+    entry = quick.drafts["d"]
+    assert entry["k"] == [1, 2, 4, 8] and len(entry["reached"]) == 8  # acceptance at every position still counted
+    s = dict(zip(entry["k"], entry["draft_s"], strict=True))
+    assert quick.draft_s("d", 3) == pytest.approx((s[2] + s[4]) / 2)
+    assert quick.draft_s("d", 10) == pytest.approx(s[8] + (s[8] - s[4]) / 4 * 2)
+    assert quick.draft_s("d", 0) == 0.0 and quick.draft_s("d", 4) == pytest.approx(s[4])
+
+
 def test_jobs_sharing_the_profile_cache_take_turns(tmp_path, monkeypatch):
     """Parallel sweep jobs (joblib, xdist) that need the same profile: the target is measured once
     and each job's draft entry survives the other's save (without the lock both measure the target
@@ -285,6 +319,7 @@ BAD_K_SETTINGS = {
     "draft.k=sometimes": "draft.k=sometimes is not allowed; give an integer >= 1, or one of: auto, heuristic",
     "draft.k_max=0": "draft.k_max=0 is not allowed",
     "profile.path=/nonexistent.json": "profile.path='/nonexistent.json' is not a file",
+    "profile.draft_ks=[0,2]": "profile.draft_ks=[0, 2] is not allowed; give K >= 1, or null for every K",
     "draft=distilled draft.tree=auto": "draft.tree=auto sizes a token tree; give draft.branches >= 2 (draft.branches=1)",
     "draft.branches=3": "draft.k=auto prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
                         "target_prefix, ngram_lm); this token tree (draft.branches=3) takes a fixed node budget",
@@ -297,7 +332,7 @@ def bad_k_runs(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("bad_k")
     runs = {override: folder / str(i) for i, override in enumerate(BAD_K_SETTINGS)}
     calls = {override: ("specexp", ["size=smoke", *override.split(), f"hydra.run.dir={run}"]) for override, run in runs.items()}
-    return {override: (runs[override], out) for override, out in run_in_one_process(calls).items()}
+    return {override: (runs[override], out) for override, out in run_each(calls).items()}
 
 
 @pytest.mark.default_target

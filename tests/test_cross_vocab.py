@@ -29,7 +29,7 @@ from specexp.drafts.cross_vocab import CrossVocabDrafter
 from specexp.drafts.small_lm import SmallLMDrafter, small_lm_draft
 from specexp.drafts.vocab_map import token_bytes, vocab_map
 from specexp.errors import UserInputError
-from tests.commands import SMOKE_STUDY, run_in_one_process, run_smoke_study
+from tests.commands import SMOKE_STUDY, run_each, run_smoke_study
 from tests.conftest import EOS, tiny_model
 from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, exact_joint, grouped_chi_square
 
@@ -208,7 +208,7 @@ def bad_cross_vocab_runs(byte_level_draft_folder, tmp_path_factory) -> dict:
     calls = {override: ("specexp", [*SMOKE_STUDY, "draft=small_lm", f"draft.model={byte_level_draft_folder}", override,
                                      "draft.k=2", "profile.enabled=false", f"hydra.run.dir={run}"])
              for override, run in runs.items()}
-    return {override: (runs[override], out) for override, out in run_in_one_process(calls).items()}
+    return {override: (runs[override], out) for override, out in run_each(calls).items()}
 
 
 @pytest.mark.default_target

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.commands import run_in_one_process, run_module
+from tests.commands import run_each, run_module
 
 ENTRY_POINTS = ["specexp", "specexp.profile", "specexp.collect", "specexp.figures", "specexp.predict",
                 "specexp.dashboard", "specexp.distill", "specexp.ngram", "specexp.pairing"]
@@ -11,7 +11,7 @@ ENTRY_POINTS = ["specexp", "specexp.profile", "specexp.collect", "specexp.figure
 @pytest.fixture(scope="module")
 def help_answers() -> dict:
     """`python -m X --help` for every entry point, in one interpreter (each as `python -m` runs it)."""
-    return run_in_one_process({module: (module, ["--help"]) for module in ENTRY_POINTS})
+    return run_each({module: (module, ["--help"]) for module in ENTRY_POINTS})
 
 
 @pytest.mark.xdist_group("help_answers")  # one worker: the batch runs once
@@ -23,10 +23,10 @@ def test_every_entry_point_answers_help(module, help_answers):
     assert "traceback" not in text and ("usage" in text or "powered by hydra" in text), text[-2000:]  # Hydra's own help
 
 
-def test_a_command_run_in_one_process_keeps_its_own_status_and_output():
+def test_a_command_run_each_keeps_its_own_status_and_output():
     """The batch runner the help and bad-input tests use: a failing command's exit status and its
     one error line stay its own, and the next command runs afresh after it."""
-    runs = run_in_one_process({"bad": ("specexp", ["draft=ngram_typo"]), "good": ("specexp", ["--cfg", "job", "draft.k=7"])})
+    runs = run_each({"bad": ("specexp", ["draft=ngram_typo"]), "good": ("specexp", ["--cfg", "job", "draft.k=7"])})
     bad, good = runs["bad"], runs["good"]
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown draft 'ngram_typo'") and not bad.stdout
     assert good.returncode == 0 and "k: 7" in good.stdout and "error" not in good.stderr

@@ -16,7 +16,7 @@ from specexp.costs.k_choice import build_draft
 from specexp.errors import UserInputError
 from specexp.ngram import cached
 from specexp.ngram.corpus import PACKAGED_TEXTS, packaged_text
-from tests.commands import run_in_one_process, run_specexp
+from tests.commands import run_each, run_specexp
 from tests.conftest import build_ngram_files, tiny_model
 
 DRAFT_OPTIONS = sorted(p.stem for p in (Path(CONFIG_DIR) / "draft").glob("*.yaml"))
@@ -110,7 +110,7 @@ def test_every_draft_config_with_its_required_values_missing_is_one_line():
 
 def test_a_missing_required_value_ends_in_one_line_and_exit_2(tmp_path):
     cases = ((["draft=small_lm"], "draft.model"), (["target=hf"], "target.name_or_path"), (["data=hf"], "data.name_or_path"))
-    runs = run_in_one_process({key: ("specexp", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]) for overrides, key in cases})
+    runs = run_each({key: ("specexp", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]) for overrides, key in cases})
     for overrides, key in cases:
         out = runs[key]
         assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]

@@ -7,7 +7,7 @@ import pytest
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.retrieval import RetrievalDrafter
 from specexp.errors import UserInputError
-from tests.commands import run_in_one_process, run_module
+from tests.commands import run_each, run_module
 from tests.conftest import build_ngram_files, tiny_model
 
 
@@ -57,7 +57,7 @@ def build_error_runs(tmp_path_factory) -> dict:
     calls = {case: ("specexp.ngram", [a.format(empty=folder / "empty.txt", corpus=folder / "corpus.txt")
                                       .replace("x.npz", str(folder / f"{case}.npz")) for a in args])
              for case, (args, _) in BUILD_ERRORS.items()}
-    return {case: (folder / f"{case}.npz", out) for case, out in run_in_one_process(calls).items()}
+    return {case: (folder / f"{case}.npz", out) for case, out in run_each(calls).items()}
 
 
 @pytest.mark.default_target

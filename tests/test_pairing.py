@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from specexp.reporting.collect import collect
-from tests.commands import run_in_one_process, run_module, run_specexp
+from tests.commands import run_each, run_module, run_specexp
 
 
 @pytest.mark.default_target
@@ -60,7 +60,7 @@ def bad_pairing_runs(tmp_path_factory) -> dict:
     """Each BAD_PAIRING_INPUT command in one interpreter: case -> (its --out folder, CompletedProcess)."""
     folder = tmp_path_factory.mktemp("bad_pairing")
     calls = {case: ("specexp.pairing", ["--out", str(folder / case), *args]) for case, (args, _) in BAD_PAIRING_INPUT.items()}
-    return {case: (folder / case, out) for case, out in run_in_one_process(calls).items()}
+    return {case: (folder / case, out) for case, out in run_each(calls).items()}
 
 
 @pytest.mark.xdist_group("bad_pairing_runs")  # one worker: the batch runs once

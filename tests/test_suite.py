@@ -7,7 +7,7 @@ import pytest
 def test_an_xdist_group_reaches_the_scheduler(request):
     """Under pytest-xdist's --dist loadgroup (the default addopts) a test marked xdist_group carries
     its group in its node id, which is what the scheduler groups by; without it, each case of a
-    batched fixture (tests.commands.run_in_one_process) would run its batch again on each worker."""
+    batched fixture (tests.commands.run_each) would run its batch again on each worker."""
     if not getattr(request.config.option, "loadgroup", False):  # set on an xdist worker under --dist loadgroup
         pytest.skip("not run by pytest-xdist with --dist loadgroup")
     assert request.node.nodeid.endswith("@suite_check"), request.node.nodeid

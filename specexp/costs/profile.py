@@ -45,6 +45,17 @@ CONTEXT_LENGTHS = (64, 256, 1024)
 PROFILED_K = 8  # draft rounds and target passes are measured up to this K at least (figures draw K = 1..8)
 
 
+def interpolate_k(k: np.ndarray, ks: list[int], seconds: list[float]) -> np.ndarray:
+    """Seconds at k (any shape) from those at the timed ks: linear between them, the last segment's
+    slope past the largest (the first's below the smallest)."""
+    if len(ks) == 1:
+        return np.full(np.shape(k), float(seconds[0]))
+    inside = np.interp(k, ks, seconds)
+    above = seconds[-1] + (seconds[-1] - seconds[-2]) / (ks[-1] - ks[-2]) * (k - ks[-1])
+    below = seconds[0] + (seconds[1] - seconds[0]) / (ks[1] - ks[0]) * (k - ks[0])
+    return np.where(k > ks[-1], above, np.where(k < ks[0], below, inside))
+
+
 def interpolate(x: float, xs: list[float], ys: np.ndarray) -> np.ndarray:
     """ys [len(xs), ...] at x: linear between the measured xs, extended along the nearest segment."""
     if len(xs) == 1:
@@ -82,12 +93,11 @@ class Profile:
         return float(interpolate(length, self.context_lengths, np.asarray(self.prefill_s)))
 
     def draft_s(self, draft: str, k: int | np.ndarray) -> np.ndarray:
-        """The draft's seconds per round asked for k tokens (0 at k = 0), extended linearly past its largest k."""
-        ks, seconds = self.drafts[draft]["k"], np.asarray(self.drafts[draft]["draft_s"])
+        """The draft's seconds per round asked for k tokens (0 at k = 0): linear between the K it was
+        timed at (every K, or a few in a quick profile), extended along the last segment past them."""
+        ks, seconds = self.drafts[draft]["k"], self.drafts[draft]["draft_s"]
         k = np.asarray(k)
-        slope = seconds[-1] - seconds[-2] if len(seconds) > 1 else 0.0
-        inside = seconds[np.clip(k, 1, len(ks)) - 1]
-        return np.where(k == 0, 0.0, np.where(k <= len(ks), inside, seconds[-1] + slope * (k - len(ks))))
+        return np.where(k == 0, 0.0, interpolate_k(np.maximum(k, 1), ks, seconds))
 
     def reset_s(self, draft: str) -> float:
         """What a batch pays once for the draft when it proposes in that batch (a model draft's prompt pass)."""
@@ -296,10 +306,14 @@ def load_profile(path: str | Path, draft: str | None = None) -> Profile:
 
 def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: str, prompt: list[int], batch_size: int,
                    sampling: SamplingConfig, k_max: int, context_lengths: list[int] = CONTEXT_LENGTHS,
-                   repeats: int = 15, new_tokens: int = 32, force: bool = False) -> Profile:
+                   repeats: int = 15, new_tokens: int = 32, draft_ks: list[int] | None = None,
+                   force: bool = False) -> Profile:
     """The profile of this machine and setting, with an entry for this draft: loaded from the cache,
-    or measured (with progress) and cached first."""
+    or measured (with progress) and cached first. ``draft_ks``: the K a draft's rounds are timed at
+    (None: every K; the others are interpolated)."""
     measurement = {"context_lengths": list(context_lengths), "repeats": repeats, "new_tokens": new_tokens}
+    if draft_ks is not None:  # a profile timed at fewer K is never taken for one timed at every K
+        measurement["draft_ks"] = sorted(draft_ks)
     key = profile_key(target, runtime_record, batch_size, sampling, measurement)
     path = profile_path(key)
     max_tokens = max(k_max, PROFILED_K) + 1
@@ -312,12 +326,10 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
             profile = None  # this study passes more tokens than the cached profile measured
         context = target.context_length or max(context_lengths) + max_tokens
         lengths = [length for length in context_lengths if length + max_tokens <= context] or [max(context - max_tokens, 1)]
-        ks = list(range(1, max_tokens))
-        if drafter is not None and drafter.traits.k_limit:  # a draft that proposes at most k_limit (Medusa's chain)
-            ks = ks[: drafter.traits.k_limit]
+        ks = timed_ks(max_tokens - 1, drafter.traits.k_limit if drafter is not None else None, draft_ks)
         entry = {} if profile is None else profile.drafts.get(draft_name, {})
         weights = None if drafter is None else weights_fingerprint(drafter)
-        need_draft = drafter is not None and (len(entry.get("k", [])) < len(ks) or entry.get("method") != DRAFT_METHOD
+        need_draft = drafter is not None and (not set(ks) <= set(entry.get("k", [])) or entry.get("method") != DRAFT_METHOD
                                               or entry.get("weights") != weights
                                               or (drafter.traits.grows_trees and "slot_reached" not in entry))
         steps = (0 if profile is not None else len(lengths) * (repeats + 1) + 1) + (len(ks) if need_draft else 0)
@@ -337,6 +349,17 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
         return profile
 
 
+def timed_ks(k_max: int, k_limit: int | None, draft_ks: list[int] | None) -> list[int]:
+    """The K a draft's rounds are timed at: 1..k_max (at most its k_limit, Medusa's chain), or those
+    of ``draft_ks`` below that with 1 and the largest always in (nothing past them is extrapolated)."""
+    top = min(k_max, k_limit) if k_limit else k_max
+    if draft_ks is None:
+        return list(range(1, top + 1))
+    if any(k < 1 for k in draft_ks):
+        raise UserInputError(f"profile.draft_ks={list(draft_ks)} is not allowed; give K >= 1, or null for every K")
+    return sorted({1, top} | {k for k in draft_ks if k < top})
+
+
 def describe(profile: Profile) -> str:
     """The profile as a few lines of text: T(n)/T(1) at each context length, then each draft."""
     lines = [f"{profile.key['target']} on {profile.key['cpu']}" + (f" / {profile.key['gpu']}" if "gpu" in profile.key else "")
@@ -348,5 +371,6 @@ def describe(profile: Profile) -> str:
                      f"prompt pass {prefill * 1e3:.1f} ms")
     for name, entry in profile.drafts.items():
         per_k = " ".join(f"{s * 1e3:.2f}" for s in entry["draft_s"])
-        lines.append(f"draft {name}: ms per round for k=1..{len(entry['k'])}: {per_k}; reset {entry['reset_s'] * 1e3:.1f} ms")
+        lines.append(f"draft {name}: ms per round for k={','.join(map(str, entry['k']))}: {per_k}; "
+                     f"reset {entry['reset_s'] * 1e3:.1f} ms")
     return "\n".join(lines)

@@ -118,7 +118,7 @@ def study_profile(cfg: DictConfig, study: Study, force: bool = False) -> Profile
     return ensure_profile(study.target, study.forward, study.runtime, drafter, study.draft_name,
                           study.encoded[0], study.batch_size, study.sampling, study.k_max,
                           context_lengths=list(settings.context_lengths), repeats=settings.repeats,
-                          new_tokens=settings.new_tokens, force=force)
+                          new_tokens=settings.new_tokens, draft_ks=settings.get("draft_ks"), force=force)
 
 
 def make_batches(prompts: list[Prompt], batch_size: int, by_category: bool = True) -> list[list[int]]:
