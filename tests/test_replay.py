@@ -97,6 +97,20 @@ def test_pricing_a_curve_is_tokens_per_round_over_round_seconds():
     assert declined == {"predicted_tau": 1.0, "predicted_speedup": pytest.approx(1.0)}
 
 
+class SharedPassProfile(FlatProfile):
+    """An early-exit draft's own pass (its profile entry's pass_s): a third dearer than the target's."""
+
+    def pass_s(self, n, context, draft=None):
+        return super().pass_s(n, context) * (4 / 3 if draft else 1.0)
+
+
+def test_a_draft_that_shares_the_target_pass_is_priced_with_its_pass_when_drafting_and_as_ar_at_k_0():
+    priced = predict_from_curve([0.5], 1, SharedPassProfile(), "d", 100.0, 10.0, 1001)
+    assert priced["predicted_speedup"] == pytest.approx(1.5 / (0.05 + 1.1 * 4 / 3))
+    declined = predict_from_curve([0.5], 0, SharedPassProfile(), "d", 100.0, 10.0, 1001)  # no shared pass runs
+    assert declined["predicted_speedup"] == pytest.approx(1.0)
+
+
 def test_sampled_references_are_written_once_per_target_and_shared_by_its_drafts(target, prompts, monkeypatch):
     """python -m specexp.pairing replays every draft of a target along the same sampled continuations:
     the second draft's call generates nothing and gets the first's, token for token."""

@@ -113,7 +113,9 @@ def predict_from_curve(curve: Sequence[float | None], k: int, profile, draft: st
     costs exactly AR: no draft step and no fill."""
     run = np.cumprod(filled_curve(curve, k))  # [k]: P(first i accepted)
     tokens_per_round = 1.0 + float(run.sum())
-    round_s = float(profile.draft_s(draft, k)) + float(profile.pass_s(k + 1, context, draft)) + profile.overhead_s
+    # at k = 0 the round is the target's plain pass (the engine runs no shared early-exit pass then)
+    round_s = float(profile.draft_s(draft, k)) + float(profile.pass_s(k + 1, context, draft if k else None)) \
+        + profile.overhead_s
     ar_step_s = float(profile.pass_s(1, context)) + profile.overhead_s
     prefill = profile.prefill(prompt_length)
     fill = profile.reset_s(draft) if k else 0.0  # a draft never asked costs nothing
