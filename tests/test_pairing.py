@@ -11,18 +11,21 @@ from tests.commands import run_each, run_module, run_specexp
 
 
 @pytest.mark.default_target
-def test_a_pairing_sweep_skips_a_draft_that_is_its_target_and_runs_the_rest(tmp_path):
-    """experiment=pairing cut to the default target, prompt lookup and SmolLM2 (the target itself)."""
-    # (a value given on the command line replaces the experiment's sweep of that key)
-    out = run_specexp("experiment=pairing", "size=smoke", "data.limit=1", "target=default",
-                      "draft=prompt_lookup,smollm2_135m", "data=mt_bench", "sampling=greedy", f"hydra.sweep.dir={tmp_path}")
+@pytest.mark.xdist_group("smoke_pairing_sweep")  # with the notebook that draws the same sweep
+def test_a_pairing_sweep_skips_a_draft_that_is_its_target_and_runs_the_rest(smoke_pairing_sweep):
+    """experiment=pairing cut to two targets (the default, a user's tiny one of its tokenizer), prompt
+    lookup and SmolLM2: SmolLM2 is the default target itself and skipped; it drafts for the tiny one."""
+    sweep, out = smoke_pairing_sweep
     assert out.returncode == 0, out.stderr[-3000:]
     skipped = [line for line in out.stdout.splitlines() if line.startswith("[skipped]")]
     assert len(skipped) == 1 and "draft=smollm2_135m is the target 'SmolLM2-135M-Instruct' itself" in skipped[0]
-    table = collect([tmp_path]).set_index("choice.draft")
-    assert table.loc["smollm2_135m", "status"] == "skipped" and "itself" in table.loc["smollm2_135m", "error"]
-    assert table.loc["prompt_lookup", "status"] == "ok" and table.loc["prompt_lookup", "target"] == "SmolLM2-135M-Instruct"
-    assert table.loc["prompt_lookup", "choice.target"] == "default"
+    assert out.stdout.count("[done]") == 3
+    table = collect([sweep]).set_index(["choice.target", "choice.draft"])
+    skip = table.loc[("default", "smollm2_135m")]
+    assert skip["status"] == "skipped" and "itself" in skip["error"]
+    assert table.loc[("default", "prompt_lookup"), "status"] == "ok"
+    assert table.loc[("default", "prompt_lookup"), "target"] == "SmolLM2-135M-Instruct"
+    assert (table.loc["tiny_local", "status"] == "ok").all()
 
 
 @pytest.mark.default_target

@@ -237,13 +237,12 @@ def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path)
 
 
 @pytest.mark.default_target
-def test_smoke_tree_sweep_runs_records_depths_and_plots(tmp_path):
+@pytest.mark.xdist_group("smoke_tree_sweep")  # with the notebook that reads the same sweep
+def test_smoke_tree_sweep_runs_records_depths_and_plots(smoke_tree_sweep, tmp_path):
     """experiment=tree_sweep size=smoke for the shipped distilled draft at two node budgets, as a
     chain and as a 2-branch tree: every job decodes as the target, keeps its per-depth acceptance
     and accepted-length histogram, and the figures command draws tree_budget."""
-    sweep = tmp_path / "tree_sweep"
-    out = run_specexp("experiment=tree_sweep", "size=smoke", "draft=distilled", "draft.k=2,4", "draft.branches=1,2",
-                      f"hydra.sweep.dir={sweep}")
+    sweep, out = smoke_tree_sweep
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("[done]") == 4
     for job in sweep.glob("*/summary.json"):
