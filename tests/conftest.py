@@ -220,9 +220,9 @@ def smoke_tree_sweep(tmp_path_factory):
     return folder / "tree_sweep", out
 
 
-def tiny_local_target(folder: Path) -> Path:
+def tiny_local_target(folder: Path) -> None:
     """A user's own target config (conf/target/tiny_local.yaml under ``folder``, for hydra.searchpath):
-    a tiny random Llama of the default target's tokenizer saved as a local model folder. Returns the conf folder."""
+    a tiny random Llama of the default target's tokenizer saved as a local model folder."""
     from specexp.models import load_embedded_target
 
     model_dir, conf = folder / "tiny_target", folder / "conf" / "target"
@@ -234,7 +234,6 @@ def tiny_local_target(folder: Path) -> Path:
     conf.mkdir(parents=True)
     (conf / "tiny_local.yaml").write_text(f"_target_: specexp.models.load_model\nname_or_path: {model_dir}\n"
                                           "dtype: ${dtype}\ndevice: ${device}\n")
-    return folder / "conf"
 
 
 @pytest.fixture(scope="session")
