@@ -167,14 +167,19 @@ class ModelK:
             self.memo[key] = decide()
         return self.memo[key]
 
+    def fill_key(self, remaining: float) -> int:
+        """What of the fill's price a decision depends on: nothing once the draft proposed in the
+        batch, before that its share of each token left, in steps of ~9%. (Keyed by the tokens left
+        themselves, a draft that kept declining missed the memo every round.)"""
+        return -1 if self.drafted else round(8 * np.log2(max(remaining, 1.0)))
+
     def _best(self, active: np.ndarray, group: np.ndarray, limits: np.ndarray, seconds: np.ndarray,
               remaining: float) -> int:
         """The K with the most tokens per second for these rows (memoised), on every
         ``probe_every``-th round one more where that could plausibly pay (a close call keeps being
         measured)."""
         self.rounds += 1
-        key = (active.tobytes(), group.tobytes(), limits.tobytes(), seconds.tobytes(),
-               self.drafted or int(remaining))  # before the first proposal the fill's share changes each round
+        key = (active.tobytes(), group.tobytes(), limits.tobytes(), seconds.tobytes(), self.fill_key(remaining))
         k = self._memo(key, lambda: self._best_k(active, group, limits, seconds, remaining))
         if k < int(limits.max(initial=0)) and self.rounds % self.probe_every == 0:
             estimated = self.acceptance()[np.nonzero(active)[0], group]  # [B', k_max]
@@ -225,7 +230,7 @@ class ModelK:
         seconds = self.pass_seconds(int(ctx.lengths.max()))
         remaining = self._remaining(ctx, active)
         if self.free:  # it proposes all it finds (shorten keeps what pays), or is not asked
-            pays = self._memo(("free", active.tobytes(), seconds.tobytes(), self.drafted or int(remaining)),
+            pays = self._memo(("free", active.tobytes(), seconds.tobytes(), self.fill_key(remaining)),
                               lambda: self._could_pay(active, seconds + self.draft_seconds[-1], remaining))
             self.rounds += not pays  # a round it sat out counts towards the next refresh
             if pays and self.drafted:
