@@ -23,9 +23,9 @@ def test_every_entry_point_answers_help(module, help_answers):
     assert "traceback" not in text and ("usage" in text or "powered by hydra" in text), text[-2000:]  # Hydra's own help
 
 
-def test_a_command_run_each_keeps_its_own_status_and_output():
-    """The batch runner the help and bad-input tests use: a failing command's exit status and its
-    one error line stay its own, and the next command runs afresh after it."""
+def test_commands_in_the_shared_interpreter_keep_their_own_status_and_output():
+    """tests/command_server.py, which runs a test process's commands one after another: a failing
+    command's exit status and its one error line stay its own, and the next command runs afresh after it."""
     runs = run_each({"bad": ("specexp", ["draft=ngram_typo"]), "good": ("specexp", ["--cfg", "job", "draft.k=7"])})
     bad, good = runs["bad"], runs["good"]
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown draft 'ngram_typo'") and not bad.stdout

@@ -46,14 +46,12 @@ PROFILED_K = 8  # draft rounds and target passes are measured up to this K at le
 
 
 def interpolate_k(k: np.ndarray, ks: list[int], seconds: list[float]) -> np.ndarray:
-    """Seconds at k (any shape) from those at the timed ks: linear between them, the last segment's
-    slope past the largest (the first's below the smallest)."""
+    """Seconds at k >= 1 (any shape) from those at the timed ks (1 always among them): linear between
+    them, the last segment's slope past the largest."""
     if len(ks) == 1:
         return np.full(np.shape(k), float(seconds[0]))
-    inside = np.interp(k, ks, seconds)
     above = seconds[-1] + (seconds[-1] - seconds[-2]) / (ks[-1] - ks[-2]) * (k - ks[-1])
-    below = seconds[0] + (seconds[1] - seconds[0]) / (ks[1] - ks[0]) * (k - ks[0])
-    return np.where(k > ks[-1], above, np.where(k < ks[0], below, inside))
+    return np.where(k > ks[-1], above, np.interp(k, ks, seconds))
 
 
 def interpolate(x: float, xs: list[float], ys: np.ndarray) -> np.ndarray:
