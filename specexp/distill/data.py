@@ -21,7 +21,7 @@ from specexp.distill.objectives import top_k_targets, warped_log_probs
 from specexp.draft_vocab import DraftVocab
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root
-from specexp.ngram.corpus import corpus_documents, join_documents, vocab_fingerprint
+from specexp.ngram.corpus import corpus_documents, join_documents, map_fingerprint, vocab_fingerprint
 from specexp.output import short_hash
 
 
@@ -82,14 +82,20 @@ def with_teacher_top_k(dataset: datasets.Dataset, target: LoadedModel, k: int, t
         return {"teacher_ids": top_ids.view(shape).int().cpu().numpy(),
                 "teacher_log_probs": top.view(shape).cpu().numpy()}
 
-    return dataset.map(score, batched=True, batch_size=batch_size, desc=f"teacher top-{k} log-probs")
+    key = ("teacher", target.name, k, temperature, student_ids_key(vocab))
+    return dataset.map(score, batched=True, batch_size=batch_size, desc=f"teacher top-{k} log-probs",
+                       new_fingerprint=map_fingerprint(dataset, *key))
 
 
 def teacher_cache_path(corpus: datasets.Dataset, target: LoadedModel, k: int, temperature: float,
                        vocab: DraftVocab | None) -> Path:
     """Where a corpus's teacher scores live: next to it, keyed by everything that changes them."""
-    vocab_ids = None if vocab is None else hashlib.sha256(vocab.target_ids.numpy().tobytes()).hexdigest()[:16]
-    return beside_corpus(corpus, "teacher", target.name, k, temperature, vocab_ids)
+    return beside_corpus(corpus, "teacher", target.name, k, temperature, student_ids_key(vocab))
+
+
+def student_ids_key(vocab: DraftVocab | None) -> str | None:
+    """Names the target ids a reduced student vocabulary keeps (None: the full vocabulary)."""
+    return None if vocab is None else hashlib.sha256(vocab.target_ids.numpy().tobytes()).hexdigest()[:16]
 
 
 def beside_corpus(corpus: datasets.Dataset, kind: str, *key: object) -> Path:

@@ -30,6 +30,7 @@ from specexp.drafts.feature_head import FeatureHead, Prediction, check_hidden_la
 from specexp.drafts.medusa_heads import MedusaHeads
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
+from specexp.ngram.corpus import map_fingerprint
 
 
 def teacher_pass(model: PreTrainedModel, input_ids: torch.Tensor,
@@ -70,7 +71,9 @@ def with_target_features(dataset: datasets.Dataset, target: LoadedModel, layers:
     schema = datasets.Features({**dataset.features, "features": datasets.Array2D(shape, "float32")})
     return dataset.map(score, batched=True, batch_size=batch_size, features=schema, writer_batch_size=8 * batch_size,
                        cache_file_name=None if scratch_file is None else str(scratch_file),
-                       desc=f"target hidden states at layers {list(layers)}")
+                       desc=f"target hidden states at layers {list(layers)}",
+                       new_fingerprint=map_fingerprint(dataset, "features", target.name, str(target.model.dtype),
+                                                       list(layers)))
 
 
 def feature_cache_path(corpus: datasets.Dataset, target: LoadedModel, layers: tuple[int, ...]) -> Path:

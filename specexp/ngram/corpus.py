@@ -17,6 +17,7 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt, encode_prompts, load_any, mt_bench, prompts_from_dataset
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
+from specexp.output import short_hash
 
 
 def vocab_fingerprint(target: LoadedModel) -> str:
@@ -25,6 +26,13 @@ def vocab_fingerprint(target: LoadedModel) -> str:
         return f"vocab_size={target.vocab_size}"
     vocab = json.dumps(sorted(target.tokenizer.get_vocab().items())).encode()
     return f"vocab_size={target.vocab_size}:sha256={hashlib.sha256(vocab).hexdigest()[:16]}"
+
+
+def map_fingerprint(dataset: datasets.Dataset, *key: object) -> str:
+    """The fingerprint a `Dataset.map` result gets: its input's and what the transform depends on.
+    Given to `map`, it spares `datasets` hashing the transform, which pickles every model the
+    function closes over (~2 s for the 135M default target, per map)."""
+    return short_hash([dataset._fingerprint, *key])
 
 
 def check_fingerprint(built_for: str, target: LoadedModel, path: str) -> None:
@@ -71,7 +79,8 @@ def text_documents(target: LoadedModel, name_or_path: str, text_column: str = "t
     if max_documents is not None:
         ds = ds.select(range(min(max_documents, len(ds))))
     ids = ds.map(lambda batch: {"ids": target.tokenizer(batch[text_column])["input_ids"]}, batched=True,
-                 remove_columns=ds.column_names, desc=f"tokenizing {name_or_path}")
+                 remove_columns=ds.column_names, desc=f"tokenizing {name_or_path}",
+                 new_fingerprint=map_fingerprint(ds, "tokenized", vocab_fingerprint(target), text_column))
     return [doc for doc in ids["ids"] if doc] if len(ids) else []
 
 
