@@ -1,11 +1,13 @@
 """Loading targets and drafts: hub names, local folders, and the embedded default target."""
 
+import copy
 import importlib
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,20 +109,72 @@ def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", ggu
     source = str(local) if local.exists() else name_or_path
     torch_device = resolve_device(device)
     device_map = check_device_map(dict(device_map) if hasattr(device_map, "items") else device_map)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=resolve_dtype(dtype, torch_device),
-                                                     device_map=device_map, offload_folder=offload_folder)
-    except (OSError, ValueError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserInputError(f"could not load model '{name_or_path}': {reason}") from e
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
-    except (OSError, ValueError, TypeError):
-        tokenizer = None  # a model folder without a tokenizer still works on token ids
-    if device_map is None:
-        model = model.to(torch_device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    key = reuse_key(local, gguf_file, torch_dtype, torch_device) if local.exists() and device_map is None else None
+    if (kept := reused(key)) is not None:
+        model, tokenizer = kept
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=torch_dtype,
+                                                         device_map=device_map, offload_folder=offload_folder)
+        except (OSError, ValueError) as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserInputError(f"could not load model '{name_or_path}': {reason}") from e
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+        except (OSError, ValueError, TypeError):
+            tokenizer = None  # a model folder without a tokenizer still works on token ids
+        if device_map is None:
+            model = keep_for_reuse(key, model.to(torch_device), tokenizer)
     return LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name_or_path,
                        draft_vocab=DraftVocab.load(local) if local.is_dir() else None)
+
+
+# A sweep's jobs run in one process and load the same target (and model drafts) again and again
+# (~3 s for Gemma-3-270M on a CPU, mostly parsing its 262k-token tokenizer): a small local model is
+# kept with its tokenizer, and each load gets its own module tree over the kept weight tensors, so
+# what a job does to its modules (fused projections, int8 layers, a replaced head) never reaches the
+# next job. The tokenizer is shared as it is: nothing in specexp changes a loaded tokenizer.
+REUSED_MODELS = 2  # models kept (least recently loaded dropped first): a sweep's target and its model draft
+REUSED_MAX_BYTES = 2**31  # larger models are loaded every time: keeping them would hold their memory between jobs
+_reused: OrderedDict[tuple, tuple[PreTrainedModel, PreTrainedTokenizerBase | None]] = OrderedDict()
+
+
+def reuse_key(folder: Path, gguf_file: str | None, dtype: torch.dtype, device: torch.device) -> tuple:
+    """Names a load by what it reads: the folder's files as they are now (a model saved again into
+    the same folder is loaded afresh), the dtype and the device."""
+    files = tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir() if f.is_file())
+                  if folder.is_dir() else [(folder.name, folder.stat().st_size, folder.stat().st_mtime_ns)])
+    return str(folder.resolve()), gguf_file, str(dtype), str(device), files
+
+
+def own_modules(model: PreTrainedModel) -> PreTrainedModel:
+    """A new module tree over the same weights: each parameter a new Parameter on the same tensor
+    (ties kept), each buffer the same tensor. Replacing a module, weight or buffer stays in the copy;
+    writing into a weight in place would not (nothing in specexp writes into a loaded model's weights)."""
+    memo = {id(p): nn.Parameter(p.detach(), requires_grad=p.requires_grad) for p in model.parameters()}
+    memo.update({id(b): b for b in model.buffers()})
+    return copy.deepcopy(model, memo)
+
+
+def reused(key: tuple | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None] | None:
+    """A kept load's (own copy of the model, tokenizer), or None."""
+    if key is None or key not in _reused:
+        return None
+    _reused.move_to_end(key)
+    model, tokenizer = _reused[key]
+    return own_modules(model), tokenizer
+
+
+def keep_for_reuse(key: tuple | None, model: PreTrainedModel, tokenizer) -> PreTrainedModel:
+    """The model to hand out: a copy of its modules when the model is kept for later loads."""
+    size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    if key is None or size > REUSED_MAX_BYTES:
+        return model
+    _reused[key] = model, tokenizer
+    while len(_reused) > REUSED_MODELS:
+        _reused.popitem(last=False)
+    return own_modules(model)
 
 
 def cache_root() -> Path:

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from specexp import models
 from specexp.core.interface import Context
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.small_lm import SmallLMDrafter, align_vocab
@@ -15,6 +16,36 @@ def test_local_folder_loads_with_dtype(tmp_path):
     tiny_model(0).model.save_pretrained(tmp_path / "m")
     loaded = load_model(str(tmp_path / "m"), dtype="float32", device="cpu")
     assert loaded.model.dtype == torch.float32 and loaded.tokenizer is None and loaded.vocab_size == 64
+
+
+def test_a_folder_loaded_again_shares_its_weights_but_not_what_a_job_did_to_its_modules(tmp_path):
+    """A sweep's next job gets the kept weights under its own modules: the first job's fused
+    projections and replaced head stay with it, and the output is the fresh load's."""
+    from specexp.runtime.decoder import fuse_linears
+
+    tiny_model(0).model.save_pretrained(tmp_path / "m")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    first = load_model(str(tmp_path / "m"), dtype="float64", device="cpu").model
+    expected = first(ids).logits
+    attention = first.model.layers[0].self_attn
+    attention.q_proj = fuse_linears([attention.q_proj, attention.k_proj])  # a job's runtime at work
+    first.lm_head = torch.nn.Identity()
+    second = load_model(str(tmp_path / "m"), dtype="float64", device="cpu").model
+    assert torch.equal(second(ids).logits, expected)
+    assert second.model.embed_tokens.weight.data_ptr() == first.model.embed_tokens.weight.data_ptr()  # not loaded again
+    assert second.model.embed_tokens.weight is not first.model.embed_tokens.weight
+
+
+def test_a_folder_saved_again_or_a_model_too_large_to_keep_is_loaded_afresh(tmp_path, monkeypatch):
+    tiny_model(0).model.save_pretrained(tmp_path / "m")
+    before = load_model(str(tmp_path / "m"), dtype="float64", device="cpu").model.lm_head.weight
+    tiny_model(1).model.save_pretrained(tmp_path / "m")  # retrained into the same folder
+    after = load_model(str(tmp_path / "m"), dtype="float64", device="cpu").model.lm_head.weight
+    assert torch.equal(after, tiny_model(1).model.lm_head.weight) and not torch.equal(after, before)
+    monkeypatch.setattr(models, "REUSED_MAX_BYTES", 0)
+    tiny_model(2).model.save_pretrained(tmp_path / "big")
+    loads = [load_model(str(tmp_path / "big"), dtype="float64", device="cpu").model for _ in range(2)]
+    assert loads[0].lm_head.weight.data_ptr() != loads[1].lm_head.weight.data_ptr()
 
 
 def test_missing_path_and_bad_dtype_are_clear(tmp_path):
