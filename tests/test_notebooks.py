@@ -5,6 +5,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 from tests.commands import REPO, run_module
@@ -40,11 +41,29 @@ SHARED_SWEEPS = {  # sweeps other tests check too, made once per test run (tests
     "k_sweep": "smoke_k_sweep", "tree_sweep": "smoke_tree_sweep", "pairing": "smoke_pairing_sweep"}
 
 
+@pytest.fixture(scope="session")
+def kernel():
+    """One Python kernel per test process runs every notebook it is given (~3 s of imports each saved):
+    each notebook starts with its names cleared (%reset), its environment and folder set."""
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(REPO / "analysis"))
+    yield manager
+    manager.shutdown_kernel(now=True)
+
+
+def execute_fresh(notebook: nbformat.NotebookNode, kernel: KernelManager, env: dict[str, str | None]) -> None:
+    """Runs the notebook top to bottom in the kernel as if it were new to it (imported modules stay)."""
+    setup = ["%reset -f", "import os", *(f"os.environ[{k!r}] = {v!r}" if v is not None else f"os.environ.pop({k!r}, None)"
+                                         for k, v in env.items()), f"os.chdir({str(REPO / 'analysis')!r})", "del os"]
+    notebook.cells.insert(0, nbformat.v4.new_code_cell("\n".join(setup)))
+    NotebookClient(notebook, km=kernel, timeout=600).execute()
+
+
 @pytest.mark.default_target
 # a notebook that reads a shared sweep runs on the worker of the other tests of that sweep, never waiting for another's
 @pytest.mark.parametrize("name", [*(pytest.param(name, marks=pytest.mark.xdist_group(fixture))
                                     for name, fixture in SHARED_SWEEPS.items()), *SMOKE_SWEEPS, "distill_ablation"])
-def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, monkeypatch, request):
+def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, kernel, request):
     sweep = tmp_path / name
     if name in SHARED_SWEEPS:
         sweep, out = request.getfixturevalue(SHARED_SWEEPS[name])
@@ -59,12 +78,9 @@ def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, monkeypatch, request
             "objective=forward_kl,tvd", "on_policy.ratio=0.0", "student=tiny")
     elif name not in SHARED_SWEEPS:
         run("specexp", *SMOKE_SWEEPS[name], f"hydra.sweep.dir={sweep}")
-    monkeypatch.setenv("SPECEXP_SWEEP", str(sweep))
-    monkeypatch.setenv("SPECEXP_FIGURES", str(tmp_path / "figures"))
-    monkeypatch.delenv("SPECEXP_WANDB_PROJECT", raising=False)
     notebook = nbformat.read(REPO / "analysis" / f"{name}.ipynb", as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(REPO / "analysis")}}).execute()
+    execute_fresh(notebook, kernel, {"SPECEXP_SWEEP": str(sweep), "SPECEXP_FIGURES": str(tmp_path / "figures"),
+                                     "SPECEXP_WANDB_PROJECT": None})
     errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
     assert list((tmp_path / "figures").glob("*.pdf"))  # the notebook saved its figures
