@@ -11,10 +11,10 @@ from specexp.core import metrics
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.costs.cost_model import predict_from_curve
-from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
-from specexp.study.replay import ReplayedRounds, acceptance_curve, alpha, replay, teacher_forced
+from specexp.study.replay import acceptance_curve, alpha, replay, teacher_forced
 from tests.conftest import noisy_copy, tiny_model
+from tests.drafters import make_drafter
 
 
 @pytest.fixture(scope="module")
@@ -23,24 +23,30 @@ def sharp_target():
 
 NO_EOS = [10**6]
 CPU = torch.device("cpu")
-DRAFTS = {"small_lm": lambda target, other, k: SmallLMDrafter(target, other, k=k),
-          "prompt_lookup": lambda target, other, k: PromptLookupDrafter(target, k=k)}
+# chains that run their own passes (the replay's domain): a model, a lookup, a context-dependent
+# datastore, a draft that stops short, an early exit run naively, and heads reading target features
+REPLAYED_KINDS = ["disagree", "prompt_lookup", "retrieval+context", "small_lm_confident", "early_exit_naive", "eagle",
+                  "medusa"]
 
 
-@pytest.mark.parametrize("draft", sorted(DRAFTS))
-@pytest.mark.parametrize("k", [1, 3])
-def test_greedy_replay_is_the_studys_own_rounds(target, other_draft, prompts, draft, k):
-    rounds, measured_depth, measured_accepted = ReplayedRounds(), [], []
+@pytest.mark.parametrize(("kind", "k"), [*((kind, 3) for kind in REPLAYED_KINDS), ("disagree", 1), ("prompt_lookup", 1)])
+def test_greedy_replay_is_the_studys_own_rounds(target, other_draft, ngram_files, prompts, kind, k):
+    """The prompts (of three lengths) replayed in one ragged batch: the rounds each prompt's study has."""
+    references, measured_depth, measured_accepted = [], [], []
     for prompt in prompts:
-        reference = generate(target.model, [prompt], None, SamplingConfig(), 24 + k, NO_EOS).tokens[0]
-        out = generate(target.model, [prompt], DRAFTS[draft](target, other_draft, k), SamplingConfig(), 24, NO_EOS)
-        assert out.tokens[0] == reference[:24]
+        references.append(generate(target.model, [prompt], None, SamplingConfig(), 24 + k, NO_EOS).tokens[0])
+        drafter = make_drafter(kind, target, other_draft, k, ngram_files)
+        out = generate(target.model, [prompt], drafter, SamplingConfig(), 24, NO_EOS)
+        assert out.tokens[0] == references[-1][:24]
         measured_depth += out.depth[:, 0].tolist()
         measured_accepted += out.n_accepted[:, 0].tolist()
-        rounds.extend(replay(DRAFTS[draft](target, other_draft, k), prompt, reference, None, None, k, SamplingConfig(),
-                             None, CPU, new_tokens=24))
+    layers = drafter.traits.hidden_layers
+    features = [teacher_forced(target.model, prompt, reference, SamplingConfig(), layers)[1]
+                for prompt, reference in zip(prompts, references, strict=True)]
+    rounds = replay(make_drafter(kind, target, other_draft, k, ngram_files), prompts, references, [None] * 3, features,
+                    k, SamplingConfig(), None, CPU, new_tokens=24)
     depth, accepted = np.array(measured_depth), np.array(measured_accepted)
-    assert len(rounds.conditional) == len(depth)
+    assert len(rounds.conditional) == len(depth) and accepted.sum() > 0
     assert alpha(rounds, k) == pytest.approx(metrics.alpha(depth, accepted), abs=1e-12)
     assert acceptance_curve(rounds, k) == pytest.approx(metrics.acceptance_curve(depth, accepted, k), abs=1e-12)
 
@@ -53,12 +59,12 @@ def test_sampled_first_position_acceptance_matches_the_engines(sharp_target):
     sampling = SamplingConfig(temperature=1.0)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, target.vocab_size, (6,), generator=g).tolist() for _ in range(40)]
-    rounds = ReplayedRounds()
-    for i, prompt in enumerate(prompts):
-        reference = generate(target.model, [prompt], None, sampling, 17, NO_EOS, torch.Generator().manual_seed(i)).tokens[0]
-        probs, _ = teacher_forced(target.model, prompt, reference, sampling, ())
-        rounds.extend(replay(SmallLMDrafter(target, other_draft, k=1), prompt, reference, probs, None, 1, sampling,
-                             torch.Generator().manual_seed(i), CPU, new_tokens=16))
+    references = [generate(target.model, [prompt], None, sampling, 17, NO_EOS, torch.Generator().manual_seed(i)).tokens[0]
+                  for i, prompt in enumerate(prompts)]
+    probs = [teacher_forced(target.model, prompt, reference, sampling, ())[0]
+             for prompt, reference in zip(prompts, references, strict=True)]
+    rounds = replay(SmallLMDrafter(target, other_draft, k=1), prompts, references, probs, [None] * len(prompts), 1,
+                    sampling, torch.Generator().manual_seed(0), CPU, new_tokens=16)
     predicted = alpha(rounds, 1)
     out = generate(target.model, prompts * 3, SmallLMDrafter(target, other_draft, k=1), sampling, 16, NO_EOS,
                    torch.Generator().manual_seed(1))

@@ -77,47 +77,73 @@ def teacher_forced(target_model, prompt: list[int], reference: list[int], sampli
 
 
 @torch.inference_mode()
-def replay(drafter: Drafter, prompt: list[int], reference: list[int], probs: torch.Tensor | None,
-           features: torch.Tensor | None, k: int, sampling: SamplingConfig, generator: torch.Generator | None,
+def replay(drafter: Drafter, prompts: list[list[int]], references: list[list[int]], probs: list[torch.Tensor | None],
+           features: list[torch.Tensor | None], k: int, sampling: SamplingConfig, generator: torch.Generator | None,
            device: torch.device, new_tokens: int | None = None) -> ReplayedRounds:
-    """Rounds of ``drafter`` at K = k along the target's continuation ``reference`` of ``prompt`` (whose
-    first token the prompt pass yields) until ``new_tokens`` of it are committed (None: all of it);
-    ``probs`` [A, V]: p at each of its positions (sampling). A reference k tokens longer than
+    """Rounds of ``drafter`` at K = k along the target's continuation of each prompt (whose first token
+    the prompt pass yields), all prompts in one batch as the engine holds them (left-padded, each row at
+    its own length), until ``new_tokens`` of each are committed (None: all of it). ``probs[b]`` [A_b, V]:
+    p at each position of reference b (sampling; None under greedy); ``features[b]`` [1, P_b + A_b, F]:
+    the target's hidden states a feature draft reads (None for others). A reference k tokens longer than
     new_tokens judges the last rounds' proposals in full, as the study's target does."""
     if drafter.traits.branches > 1 or drafter.traits.shares_target_pass:
         raise UserInputError("the acceptance replay takes chain drafts with their own passes; use a chain "
                              "(draft.branches=1) and, for early exit, draft.mode=naive (the same drafts)")
-    P, A = len(prompt), len(reference)
-    tokens = torch.zeros(1, P + A + k + 2, dtype=torch.long, device=device)
-    tokens[0, : P + A] = torch.tensor(prompt + reference)
-    buffer = None
-    if features is not None:  # the committed slots' target features, as the engine keeps them
-        buffer = torch.zeros(1, tokens.shape[1], features.shape[-1], dtype=features.dtype, device=features.device)
-        buffer[:, : P + A] = features
-    ctx = Context(tokens=tokens, start=torch.zeros(1, dtype=torch.long, device=device),
-                  lengths=torch.tensor([P + 1], device=device), done=torch.zeros(1, dtype=torch.bool, device=device),
-                  features=buffer)
+    ctx = reference_context(prompts, references, features, k, device)
+    stop = torch.tensor([len(r) if new_tokens is None else min(new_tokens, len(r)) for r in references], device=device)
+    committed = torch.ones(len(prompts), dtype=torch.long, device=device)  # t per row: tokens of its reference committed
+    ctx.done = committed >= stop
     drafter.reset(ctx)
-    rounds, t = ReplayedRounds(), 1  # t: tokens of R committed
-    stop = A if new_tokens is None else min(new_tokens, A)
-    while t < stop:
+    rounds = ReplayedRounds()
+    while not bool(ctx.done.all()):
         started = time.perf_counter()
         proposal = drafter.propose(ctx, k, sampling, generator)
         rounds.draft_s.append(time.perf_counter() - started)
-        n = int(proposal.n_proposed[0])
-        drafted = proposal.tokens[0, :n].tolist()
-        match = common_prefix(drafted, reference[t : t + n])
-        if probs is None:  # greedy: R's argmax continues the first `match` tokens, then rejects (where R goes on)
-            conditional = np.array([1.0] * match + [0.0] * (n > match and t + match < A))
-        else:
-            depth = min(n, A - t)
-            p, q = probs[t : t + depth], proposal.probs[0, :depth].to(probs)
-            conditional = torch.minimum(p, q).sum(-1).clamp(0, 1).cpu().numpy()
-        rounds.conditional.append(conditional)
-        kept = min(match, A - 1 - t)  # R's next token follows the kept ones
+        kept = torch.zeros_like(committed)
+        for b in torch.nonzero(~ctx.done).flatten().tolist():
+            conditional, kept[b] = judge_row(proposal, b, references[b], probs[b], int(committed[b]))
+            rounds.conditional.append(conditional)
         order = torch.arange(proposal.tokens.shape[1], device=device)[None]  # a chain's accepted path, as the engine fills it
-        proposal.accepted_path = torch.where(order < kept, order, -1)
-        ctx.lengths += kept + 1
-        drafter.update(ctx, proposal, torch.tensor([kept], device=device))
-        t += kept + 1
+        proposal.accepted_path = torch.where(order < kept[:, None], order, -1)
+        moved = torch.where(ctx.done, 0, kept + 1)  # R's next token follows the kept ones; finished rows stay
+        ctx.lengths = ctx.lengths + moved
+        committed = committed + moved
+        ctx.done = committed >= stop
+        drafter.update(ctx, proposal, kept)
     return rounds
+
+
+def reference_context(prompts: list[list[int]], references: list[list[int]], features: list[torch.Tensor | None],
+                      k: int, device: torch.device) -> Context:
+    """The batch as the engine keeps it after the prompt pass: row b holds its left-padded prompt and,
+    past its committed first token, the rest of its reference already in place (each round commits
+    the reference's own tokens), with k + 2 slots of scratch."""
+    P = max(len(p) for p in prompts)
+    width = P + max(len(r) for r in references) + k + 2
+    tokens = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+    buffer = None
+    if features[0] is not None:  # the committed slots' target features, as the engine keeps them
+        buffer = torch.zeros(len(prompts), width, features[0].shape[-1], dtype=features[0].dtype, device=device)
+    for b, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
+        first = P - len(prompt)
+        tokens[b, first : P + len(reference)] = torch.tensor(prompt + reference)
+        if buffer is not None:
+            buffer[b, first : P + len(reference)] = features[b][0]
+    start = torch.tensor([P - len(p) for p in prompts], device=device)
+    return Context(tokens=tokens, start=start, lengths=torch.full((len(prompts),), P + 1, device=device),
+                   done=torch.zeros(len(prompts), dtype=torch.bool, device=device), features=buffer)
+
+
+def judge_row(proposal, b: int, reference: list[int], probs: torch.Tensor | None, t: int) -> tuple[np.ndarray, int]:
+    """Row b's round, t tokens of its reference committed: the conditional acceptance at each depth
+    it proposed, and how many of its tokens the reference continues with (at most to its end)."""
+    n = int(proposal.n_proposed[b])
+    A = len(reference)
+    match = common_prefix(proposal.tokens[b, :n].tolist(), reference[t : t + n])
+    if probs is None:  # greedy: R's argmax continues the first `match` tokens, then rejects (where R goes on)
+        conditional = np.array([1.0] * match + [0.0] * (n > match and t + match < A))
+    else:
+        depth = min(n, A - t)
+        p, q = probs[t : t + depth], proposal.probs[b, :depth].to(probs)
+        conditional = torch.minimum(p, q).sum(-1).clamp(0, 1).cpu().numpy()
+    return conditional, min(match, A - 1 - t)
