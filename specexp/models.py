@@ -166,7 +166,8 @@ def reused(key: tuple | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase 
     return own_modules(model), tokenizer
 
 
-def keep_for_reuse(key: tuple | None, model: PreTrainedModel, tokenizer) -> PreTrainedModel:
+def keep_for_reuse(key: tuple | None, model: PreTrainedModel,
+                   tokenizer: PreTrainedTokenizerBase | None) -> PreTrainedModel:
     """The model to hand out: a copy of its modules when the model is kept for later loads."""
     size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     if key is None or size > REUSED_MAX_BYTES:
