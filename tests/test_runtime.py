@@ -62,7 +62,8 @@ def test_a_planned_target_decodes_exactly_as_before(name, prompts):
 def test_the_plan_is_measured_once_per_machine_then_read(tmp_path, monkeypatch):
     calls = []
     real = matmul.time_formulations
-    monkeypatch.setattr(matmul, "time_formulations", lambda w, m, repeats=7: calls.append((shape_key(w), m)) or real(w, m, 2))
+    monkeypatch.setattr(matmul, "time_formulations",
+                        lambda w, m, repeats=7, copies=None: calls.append((shape_key(w), m)) or real(w, m, 2, copies))
     target = tiny_model(0, layers=1).model.float()
     record = apply_plan(target, MatmulPlans(tmp_path, torch.device("cpu")), [1, 2, 3])
     shapes = {shape_key(m.weight) for m in linear_modules(target)}

@@ -92,15 +92,23 @@ PLAN_METHOD = "cold-weights-median-v1"  # changes to how plans are measured inva
 COLD_BYTES = 256 * 2**20  # more than any last-level cache: each timed call reads its weights from memory
 
 
-def time_formulations(weight: torch.Tensor, rows: int, repeats: int = 7) -> dict[str, float]:
+def cold_copies(weight: torch.Tensor) -> list[torch.Tensor]:
+    """Copies of ``weight`` that together exceed COLD_BYTES: a timed call that cycles through them reads
+    its weights from memory, as in a model's forward (whose weights are far larger than the caches).
+    Made once per shape for all its row counts (drawing them at random cost more than the timings)."""
+    n_copies = max(2, min(256, -(-COLD_BYTES // (weight.numel() * weight.element_size()))))
+    return [weight.detach().clone() for _ in range(n_copies)]
+
+
+def time_formulations(weight: torch.Tensor, rows: int, repeats: int = 7,
+                      copies: list[torch.Tensor] | None = None) -> dict[str, float]:
     """Median seconds of each formulation for x [rows, in] against a weight of ``weight``'s shape,
-    read cold as in a model's forward (whose weights are far larger than the caches): the calls
-    cycle through copies that together exceed COLD_BYTES. The candidates take turns, so drift on
-    a shared machine hits them alike."""
+    read cold (the calls cycle through ``copies``, default ``cold_copies(weight)``). The candidates
+    take turns, so drift on a shared machine hits them alike."""
     g = torch.Generator(device=weight.device).manual_seed(0)
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device, generator=g)
-    n_copies = max(2, min(256, -(-COLD_BYTES // (weight.numel() * weight.element_size()))))
-    copies = [torch.randn(weight.shape, dtype=weight.dtype, device=weight.device, generator=g) for _ in range(n_copies)]
+    copies = copies or cold_copies(weight)
+    n_copies = len(copies)
     sync = torch.cuda.synchronize if weight.device.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in FORMULATIONS}
     calls = 0
@@ -170,8 +178,11 @@ class MatmulPlans:
             plan = self._read()
             missing = [(key, m) for key in unique for m in rows if str(m) not in plan["choices"].get(key, {})]
             if missing:
+                copies = {}
                 for key, m in tqdm(missing, desc="timing matmul layouts (once per machine)", unit="shape"):
-                    timings = time_formulations(unique[key], m)
+                    if key not in copies:  # missing is grouped by shape: one shape's copies at a time
+                        copies = {key: cold_copies(unique[key])}
+                    timings = time_formulations(unique[key], m, copies=copies[key])
                     plan["choices"].setdefault(key, {})[str(m)] = min(timings, key=timings.get)
                     plan["timings"].setdefault(key, {})[str(m)] = timings
                 self._write(plan)
