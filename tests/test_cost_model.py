@@ -231,24 +231,32 @@ def test_a_quick_profile_times_a_draft_at_a_few_k_and_interpolates_the_rest(tmp_
     assert quick.draft_s("d", 0) == 0.0 and quick.draft_s("d", 4) == pytest.approx(s[4])
 
 
-def test_a_draft_that_keeps_declining_reuses_its_decision_between_refreshes():
-    """Before its first proposal a draft's price includes its fill per token left, which moves every
-    round: keyed by it, a draft that never pays priced every K every round. Within a refresh the
-    decision is reused until the fill's share moves by ~9%."""
+def test_a_draft_that_keeps_declining_is_priced_once_per_probe_round():
+    """A model draft that declined learns nothing until it drafts again: it is priced anew only on
+    probe rounds (every probe_every-th, where a close call may propose one more), not every round
+    (each pricing cost ~1% of a round). One that pays is priced each round (through the memo)."""
     k_max = 8
     seconds = 0.025 * (1 + 0.05 * np.arange(k_max + 1))
-    policy = ModelK(lambda context: seconds, 0.004 * np.arange(k_max + 1), fill_seconds=0.01,
-                    prior_counts=(np.full(k_max, 1.0), np.full(k_max, 20.0)))  # accepted 1 in 20: never pays
-    decided, best_k = [], policy._best_k
-    policy._best_k = lambda *args: decided.append(1) or best_k(*args)
+
+    def policy_and_pricings(accepted_of_20: float) -> tuple[ModelK, list[int]]:
+        policy = ModelK(lambda context: seconds, 0.004 * np.arange(k_max + 1), fill_seconds=0.01,
+                        prior_counts=(np.full(k_max, accepted_of_20), np.full(k_max, 20.0)))
+        priced, best = [], policy._best
+        policy._best = lambda *args: priced.append(policy.rounds + 1) or best(*args)
+        return policy, priced
+
     ctx = Context(tokens=torch.zeros(1, 200, dtype=torch.long), start=torch.zeros(1, dtype=torch.long),
                   lengths=torch.tensor([100]), done=torch.zeros(1, dtype=torch.bool))
-    policy.begin(1, k_max, 64)
+    declining, priced = policy_and_pricings(1.0)  # accepted 1 in 20: never pays
+    declining.begin(1, k_max, 64)
     chosen = []
-    for _ in range(7):  # within one refresh (probe_every = 8)
-        chosen.append(policy.choose(ctx))
+    for _ in range(24):  # three refreshes (probe_every = 8)
+        chosen.append(declining.choose(ctx))
         ctx.lengths += 1
-    assert chosen == [0] * 7 and len(decided) <= 2
+    assert chosen == [0] * 24 and priced == [1, 8, 16, 24] and declining.rounds == 24
+    paying, priced = policy_and_pricings(18.0)
+    paying.begin(1, k_max, 64)
+    assert all(paying.choose(ctx) > 0 for _ in range(10)) and priced == list(range(1, 11))
 
 
 def test_jobs_sharing_the_profile_cache_take_turns(tmp_path, monkeypatch):

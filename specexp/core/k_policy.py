@@ -109,6 +109,9 @@ class ModelK:
         self.max_new_tokens, self.first_lengths = max_new_tokens, None
         self.drafted = False  # the draft proposed in this batch (its fill is paid)
         self.pays_until = 0  # a free draft is asked without checking until this round
+        # a model draft that declined is not asked again before the next probe round: declining, it learns
+        # nothing new, and pricing its rounds anew cost ~1% of each (0.3 ms of numpy on an evicted cache)
+        self.declining = False
 
     def acceptance(self) -> np.ndarray:
         """Per row, group and position: P(accepted | earlier ones accepted) [B, G, k_max].
@@ -226,6 +229,9 @@ class ModelK:
     def choose(self, ctx: Context) -> int:
         if self.free and self.rounds < self.pays_until:  # decided within the last probe_every rounds
             return self.k_max
+        if self.declining and (self.rounds + 1) % self.probe_every:  # no new evidence until the next probe round
+            self.rounds += 1
+            return 0
         active = ~ctx.done.cpu().numpy()
         seconds = self.pass_seconds(int(ctx.lengths.max()))
         remaining = self._remaining(ctx, active)
@@ -237,7 +243,9 @@ class ModelK:
                 self.pays_until = self.rounds + self.probe_every
             return self.k_max if pays else 0
         limits = np.full(int(active.sum()), self.k_max)
-        return self._best(active, np.zeros(len(limits), dtype=int), limits, seconds + self.draft_seconds, remaining)
+        k = self._best(active, np.zeros(len(limits), dtype=int), limits, seconds + self.draft_seconds, remaining)
+        self.declining = k == 0
+        return k
 
     def shorten(self, proposal: Proposal, ctx: Context) -> Proposal:
         if not self.free:
