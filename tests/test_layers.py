@@ -2,6 +2,7 @@
 nothing above it, and loading models needs no draft strategy."""
 
 import ast
+import json
 import subprocess
 import sys
 
@@ -12,21 +13,44 @@ from tests.commands import REPO
 CORE_MODULES = sorted(f"specexp.core.{p.stem}" for p in (REPO / "specexp" / "core").glob("*.py") if p.stem != "__init__")
 
 
-def loaded_specexp_modules(*modules: str) -> set[str]:
-    """The specexp modules a fresh interpreter has loaded after importing ``modules``."""
-    code = f"import sys; import {', '.join(modules)}; print(' '.join(m for m in sys.modules if m.startswith('specexp')))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
-    return set(out.stdout.split())
+# What a fresh interpreter has loaded of specexp after importing each of these (imports run at import time)
+CHECKED_IMPORTS = {"core": CORE_MODULES, "specexp.models": ["specexp.models"], "specexp.data": ["specexp.data"],
+                   "specexp.runtime": ["specexp.runtime"]}
+PURGED_IMPORTS = """
+import importlib, json, sys
+checks = json.loads(sys.argv[1])
+for modules in checks.values():  # the third-party packages, loaded once; specexp's own are dropped next
+    [importlib.import_module(m) for m in modules]
+loaded = {}
+for name, modules in checks.items():
+    for m in [m for m in sys.modules if m == "specexp" or m.startswith("specexp.")]:
+        del sys.modules[m]
+    [importlib.import_module(m) for m in modules]
+    loaded[name] = sorted(m for m in sys.modules if m.startswith("specexp"))
+print(json.dumps(loaded))
+"""
 
 
-def test_core_imports_nothing_above_it():
-    loaded = loaded_specexp_modules(*CORE_MODULES)
+@pytest.fixture(scope="module")
+def loaded_specexp_modules() -> dict[str, set[str]]:
+    """Per CHECKED_IMPORTS entry, the specexp modules that importing it loads into an interpreter holding no
+    specexp module (one interpreter for all: torch and transformers load once, specexp afresh each time)."""
+    out = subprocess.run([sys.executable, "-c", PURGED_IMPORTS, json.dumps(CHECKED_IMPORTS)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, check=True)
+    return {name: set(modules) for name, modules in json.loads(out.stdout).items()}
+
+
+@pytest.mark.xdist_group("loaded_specexp_modules")  # one worker: the interpreter runs once
+def test_core_imports_nothing_above_it(loaded_specexp_modules):
+    loaded = loaded_specexp_modules["core"]
     assert {m for m in loaded if m not in ("specexp", "specexp.errors") and not m.startswith("specexp.core")} == set()
 
 
+@pytest.mark.xdist_group("loaded_specexp_modules")
 @pytest.mark.parametrize("module", ["specexp.models", "specexp.data", "specexp.runtime"])
-def test_models_data_and_runtime_need_no_draft_strategy(module):
-    assert not {m for m in loaded_specexp_modules(module) if m.startswith(("specexp.drafts", "specexp.distill"))}
+def test_models_data_and_runtime_need_no_draft_strategy(module, loaded_specexp_modules):
+    loaded = loaded_specexp_modules[module]
+    assert module in loaded and not {m for m in loaded if m.startswith(("specexp.drafts", "specexp.distill"))}
 
 
 # specexp's packages and top-level modules, lowest first: each imports only from its own layer or below.
