@@ -91,7 +91,7 @@ def predict_pair(cfg: DictConfig, target_name: str, draft_name: str) -> list[dic
         rows.append({"target": target_name, "draft": draft_name, "data": cfg.data.get("_target_", "").rsplit(".", 1)[-1],
                      "temperature": study.sampling.temperature, "k": k, "predicted_alpha": alpha(rounds, k),
                      "predicted_acceptance_pos1": curve[0], **priced, "rounds": len(rounds.conditional),
-                     "replay_draft_ms_per_round": 1e3 * statistics.mean(rounds.draft_s) if rounds.draft_s else None,
+                     "replay_draft_ms_per_batch_round": 1e3 * statistics.mean(rounds.draft_s) if rounds.draft_s else None,
                      "profile": study.profile.path if study.profile is not None else None})
     best = max(rows, key=lambda r: r["predicted_speedup"] or 0.0)["k"]
     return [row | {"best_k": best, "is_best_k": row["k"] == best} for row in rows]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specexp.core.interface import Context, Drafter
+from specexp.core.interface import Context, Drafter, Proposal
 from specexp.core.kv import hidden_features
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.drafts.base import common_prefix
@@ -32,7 +32,7 @@ class ReplayedRounds:
     """Per round of a replay: the conditional acceptance estimated at each proposed depth."""
 
     conditional: list[np.ndarray] = field(default_factory=list)  # [R] of [n_r]: P(depth i | depths < i accepted)
-    draft_s: list[float] = field(default_factory=list)  # [R] seconds proposing
+    draft_s: list[float] = field(default_factory=list)  # seconds of each propose call (one per round of the whole batch)
 
     def extend(self, other: "ReplayedRounds") -> None:
         self.conditional += other.conditional
@@ -134,7 +134,7 @@ def reference_context(prompts: list[list[int]], references: list[list[int]], fea
                    done=torch.zeros(len(prompts), dtype=torch.bool, device=device), features=buffer)
 
 
-def judge_row(proposal, b: int, reference: list[int], probs: torch.Tensor | None, t: int) -> tuple[np.ndarray, int]:
+def judge_row(proposal: Proposal, b: int, reference: list[int], probs: torch.Tensor | None, t: int) -> tuple[np.ndarray, int]:
     """Row b's round, t tokens of its reference committed: the conditional acceptance at each depth
     it proposed, and how many of its tokens the reference continues with (at most to its end)."""
     n = int(proposal.n_proposed[b])
