@@ -89,3 +89,26 @@ def test_small_lm_cache_catches_up_beside_a_finished_row_after_rounds_without_th
     with torch.no_grad():
         fresh = other_draft.model(input_ids=tokens[1:, 3:18]).logits[0, -1].softmax(-1)  # [V]
     torch.testing.assert_close(proposal.probs[1, 0].double(), fresh.double(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.default_target
+def test_preparing_studies_leaves_the_kept_weights_as_loaded():
+    """What a study does to its target's modules (fused projections, matmul plans, int8 drafts over
+    the target's layers, an early exit sharing its pass) never writes into the weights the process
+    keeps for its next job."""
+    from hydra import compose, initialize_config_dir
+
+    from specexp.cli import CONFIG_DIR
+    from specexp.models import EMBEDDED_NAME, load_embedded_target
+    from specexp.study.run import prepare
+
+    load_embedded_target("float32", "cpu")
+    kept = next(model for key, (model, _) in models._reused.items() if key[0].endswith(EMBEDDED_NAME))
+    before = {name: tensor.clone() for name, tensor in kept.state_dict().items()}
+    for draft in (["draft=target_prefix", "draft.quantize=int8"], ["draft=early_exit"], ["draft=eagle"],
+                  ["draft=distilled", "draft.quantize=int8"]):
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose("config", overrides=[*draft, "size=smoke", "data.limit=1", "draft.k=2", "profile.enabled=false",
+                                               "dtype=float32", "device=cpu"])
+        prepare(cfg)
+    assert all(torch.equal(before[name], tensor) for name, tensor in kept.state_dict().items())
