@@ -143,8 +143,8 @@ _reused: OrderedDict[tuple, tuple[PreTrainedModel, PreTrainedTokenizerBase | Non
 def reuse_key(folder: Path, gguf_file: str | None, dtype: torch.dtype, device: torch.device) -> tuple:
     """Names a load by what it reads: the folder's files as they are now (a model saved again into
     the same folder is loaded afresh), the dtype and the device."""
-    files = tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir() if f.is_file())
-                  if folder.is_dir() else [(folder.name, folder.stat().st_size, folder.stat().st_mtime_ns)])
+    read = [f for f in folder.iterdir() if f.is_file()] if folder.is_dir() else [folder]
+    files = tuple(sorted((f.name, stat.st_size, stat.st_mtime_ns) for f in read for stat in [f.stat()]))
     return str(folder.resolve()), gguf_file, str(dtype), str(device), files
 
 

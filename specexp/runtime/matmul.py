@@ -178,11 +178,11 @@ class MatmulPlans:
             plan = self._read()
             missing = [(key, m) for key in unique for m in rows if str(m) not in plan["choices"].get(key, {})]
             if missing:
-                copies = {}
+                copied = None  # missing is grouped by shape: one shape's copies held at a time
                 for key, m in tqdm(missing, desc="timing matmul layouts (once per machine)", unit="shape"):
-                    if key not in copies:  # missing is grouped by shape: one shape's copies at a time
-                        copies = {key: cold_copies(unique[key])}
-                    timings = time_formulations(unique[key], m, copies=copies[key])
+                    if key != copied:
+                        copies, copied = cold_copies(unique[key]), key
+                    timings = time_formulations(unique[key], m, copies=copies)
                     plan["choices"].setdefault(key, {})[str(m)] = min(timings, key=timings.get)
                     plan["timings"].setdefault(key, {})[str(m)] = timings
                 self._write(plan)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from specexp.core.engine import left_pad
 from specexp.core.interface import Context, Drafter, Proposal
 from specexp.core.kv import hidden_features
 from specexp.core.sampling import SamplingConfig, logits_to_probs
@@ -118,20 +119,20 @@ def reference_context(prompts: list[list[int]], references: list[list[int]], fea
     """The batch as the engine keeps it after the prompt pass: row b holds its left-padded prompt and,
     past its committed first token, the rest of its reference already in place (each round commits
     the reference's own tokens), with k + 2 slots of scratch."""
-    P = max(len(p) for p in prompts)
+    prompt_ids, prompt_mask = left_pad(prompts, 0, device)  # [B, P], laid out as the engine's prompt pass
+    B, P = prompt_ids.shape
     width = P + max(len(r) for r in references) + k + 2
-    tokens = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+    tokens = torch.zeros(B, width, dtype=torch.long, device=device)
+    tokens[:, :P] = prompt_ids
     buffer = None
     if features[0] is not None:  # the committed slots' target features, as the engine keeps them
-        buffer = torch.zeros(len(prompts), width, features[0].shape[-1], dtype=features[0].dtype, device=device)
-    for b, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
-        first = P - len(prompt)
-        tokens[b, first : P + len(reference)] = torch.tensor(prompt + reference)
+        buffer = torch.zeros(B, width, features[0].shape[-1], dtype=features[0].dtype, device=device)
+    for b, reference in enumerate(references):
+        tokens[b, P : P + len(reference)] = torch.tensor(reference)
         if buffer is not None:
-            buffer[b, first : P + len(reference)] = features[b][0]
-    start = torch.tensor([P - len(p) for p in prompts], device=device)
-    return Context(tokens=tokens, start=start, lengths=torch.full((len(prompts),), P + 1, device=device),
-                   done=torch.zeros(len(prompts), dtype=torch.bool, device=device), features=buffer)
+            buffer[b, P - len(prompts[b]) : P + len(reference)] = features[b][0]
+    return Context(tokens=tokens, start=P - prompt_mask.sum(1), lengths=torch.full((B,), P + 1, device=device),
+                   done=torch.zeros(B, dtype=torch.bool, device=device), features=buffer)
 
 
 def judge_row(proposal: Proposal, b: int, reference: list[int], probs: torch.Tensor | None, t: int) -> tuple[np.ndarray, int]:
