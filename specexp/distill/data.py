@@ -82,20 +82,21 @@ def with_teacher_top_k(dataset: datasets.Dataset, target: LoadedModel, k: int, t
         return {"teacher_ids": top_ids.view(shape).int().cpu().numpy(),
                 "teacher_log_probs": top.view(shape).cpu().numpy()}
 
-    key = ("teacher", target.name, k, temperature, student_ids_key(vocab))
     return dataset.map(score, batched=True, batch_size=batch_size, desc=f"teacher top-{k} log-probs",
-                       new_fingerprint=map_fingerprint(dataset, *key))
+                       new_fingerprint=map_fingerprint(dataset, "teacher", *teacher_key(target, k, temperature, vocab)))
 
 
 def teacher_cache_path(corpus: datasets.Dataset, target: LoadedModel, k: int, temperature: float,
                        vocab: DraftVocab | None) -> Path:
     """Where a corpus's teacher scores live: next to it, keyed by everything that changes them."""
-    return beside_corpus(corpus, "teacher", target.name, k, temperature, student_ids_key(vocab))
+    return beside_corpus(corpus, "teacher", *teacher_key(target, k, temperature, vocab))
 
 
-def student_ids_key(vocab: DraftVocab | None) -> str | None:
-    """Names the target ids a reduced student vocabulary keeps (None: the full vocabulary)."""
-    return None if vocab is None else hashlib.sha256(vocab.target_ids.numpy().tobytes()).hexdigest()[:16]
+def teacher_key(target: LoadedModel, k: int, temperature: float, vocab: DraftVocab | None) -> tuple:
+    """Everything a corpus's teacher scores depend on: the target, k, the temperature and the target
+    ids a reduced student vocabulary keeps (None: the full vocabulary)."""
+    vocab_ids = None if vocab is None else hashlib.sha256(vocab.target_ids.numpy().tobytes()).hexdigest()[:16]
+    return target.name, k, temperature, vocab_ids
 
 
 def beside_corpus(corpus: datasets.Dataset, kind: str, *key: object) -> Path:

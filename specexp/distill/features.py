@@ -72,13 +72,17 @@ def with_target_features(dataset: datasets.Dataset, target: LoadedModel, layers:
     return dataset.map(score, batched=True, batch_size=batch_size, features=schema, writer_batch_size=8 * batch_size,
                        cache_file_name=None if scratch_file is None else str(scratch_file),
                        desc=f"target hidden states at layers {list(layers)}",
-                       new_fingerprint=map_fingerprint(dataset, "features", target.name, str(target.model.dtype),
-                                                       list(layers)))
+                       new_fingerprint=map_fingerprint(dataset, "features", *feature_key(target, layers)))
 
 
 def feature_cache_path(corpus: datasets.Dataset, target: LoadedModel, layers: tuple[int, ...]) -> Path:
     """Where a corpus's feature cache lives: next to it, keyed by the target, its dtype and the layers."""
-    return beside_corpus(corpus, "features", target.name, str(target.model.dtype), list(layers))
+    return beside_corpus(corpus, "features", *feature_key(target, layers))
+
+
+def feature_key(target: LoadedModel, layers: tuple[int, ...]) -> tuple:
+    """Everything a corpus's cached hidden states depend on: the target, its dtype and the layers."""
+    return target.name, str(target.model.dtype), list(layers)
 
 
 @torch.no_grad()
