@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
+from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv, require_cache_keyword
 from specexp.runtime.decoder import lean_decoder
 from tests.conftest import tiny_gemma3
 
@@ -202,3 +202,12 @@ def test_a_tree_grown_a_level_per_call_sees_its_ancestors_and_keeps_the_accepted
                 committed[b] += tokens[b, accepted[b]].tolist()
             assert kv.n_valid.tolist() == [len(c) for c in committed]
             assert_next_token_is_fresh(target, model, kv, committed, g)
+
+
+def test_a_transformers_that_ignores_the_cache_keyword_is_refused():
+    """transformers 5.17 drops ``cache=`` into **kwargs: every pass would run without its past (seen
+    on a CUDA image with 5.17: greedy output differed from the target alone), so importing refuses it."""
+    with pytest.raises(ImportError, match=r"transformers >= 5\.24 \(found 5\.17\.0\)"):
+        require_cache_keyword("5.17.0")
+    for version in ("5.24.0", "5.25.0", "5.30.0.dev0"):
+        require_cache_keyword(version)

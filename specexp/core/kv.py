@@ -20,10 +20,23 @@ Two stores with one contract (``forward``, ``forward_features``, ``extend``, ``u
 from dataclasses import dataclass
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import DynamicCache, PreTrainedModel
 
 from specexp.core.masks import attention_mask_4d, masks_by_layer_type, sliding_window
 from specexp.core.tree import tree_mask, tree_positions
+
+
+def require_cache_keyword(version: str) -> None:
+    """transformers' models take the KV cache as ``cache=`` from 5.24 on; an earlier release ignores
+    the keyword and runs every pass without the past, so greedy output silently differs from the
+    target's. pyproject pins >= 5.24; this stops an older one found installed beside it."""
+    if Version(version) < Version("5.24"):
+        raise ImportError(f"specexp needs transformers >= 5.24 (found {version}): pip install 'transformers>=5.24,<6'")
+
+
+require_cache_keyword(transformers.__version__)
 
 
 def region_mask(slot_valid: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
