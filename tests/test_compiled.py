@@ -3,6 +3,7 @@ transformers' forward (CPU inductor here; CUDA graphs in the gpu-marked test).""
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
@@ -10,7 +11,7 @@ from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.runtime import LeanRuntime
-from specexp.runtime.compiled import bucket, full_capacity_mask
+from specexp.runtime.compiled import CAPACITY_STEP, bucket, full_capacity_mask, held_capacity
 from tests.conftest import tiny_model
 
 NO_EOS = [10**6]
@@ -22,14 +23,39 @@ def decode(forward, target, prompts, k):
 
 
 def test_compiled_passes_decode_exactly_as_transformers(prompts, tmp_path, monkeypatch):
-    """Ragged batch of 3 with prompt lookup (passes of 1..4 tokens, per-row rewinds) and AR."""
+    """Ragged batch of 3 with prompt lookup (passes of 1..4 tokens, per-row rewinds) and AR, on the
+    decoder's held cache (the AR decode reuses the spec decode's buffers, cleared); the graphs warmed
+    first leave nothing to compile inside the decodes."""
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
     target = LoadedModel(tiny_model(0, layers=2).model.float(), None, "tiny")
     prepared = LeanRuntime(compile=True).prepare(target, None, [1, 2, 3, 4])
     assert prepared.record["compile"] and prepared.record["compile_mode"] == "default"
+    capacity = max(map(len, prompts)) + 20 + 3 + 1  # the longest decode's booking (k = 3)
+    longest = max(map(len, prompts))  # the left-padded prompt pass's
+    assert prepared.forward.warm([3], [*range(1, 5), longest], capacity) == len({1, 2, 4, bucket(longest)})
+    with torch.inference_mode():  # as the engine asks for it (warm made its buffers there)
+        held = prepared.forward.held_cache(3, capacity, torch.device("cpu"))
+    graphs = counters["stats"]["unique_graphs"]
     for k in (3, 0):
         assert decode(prepared.forward, target, prompts, k).tokens == decode(target.model, target, prompts, k).tokens
+    assert counters["stats"]["unique_graphs"] == graphs  # no compile inside a decode
     assert prepared.forward.compiled_passes > 20  # the rounds ran compiled; only the prompt passes ran eagerly
+    with torch.inference_mode():
+        assert prepared.forward.held_cache(3, capacity, torch.device("cpu")).keys.data_ptr() == held.keys.data_ptr()
+
+
+def test_held_caches_keep_their_buffers_and_grow_when_a_decode_needs_more():
+    decoder = LeanRuntime(compile=True, matmul_plan=False).target_forward(
+        LoadedModel(tiny_model(0, layers=2).model.float(), None, "tiny"))[0]
+    cpu = torch.device("cpu")
+    assert held_capacity(1, 32) == CAPACITY_STEP and held_capacity(CAPACITY_STEP - 32 + 1, 32) == 2 * CAPACITY_STEP
+    first = decoder.held_cache(1, 100, cpu)
+    first.forward(decoder.decoder, torch.tensor([[5, 6, 7]]))  # eagerly: books 3 slots
+    again = decoder.held_cache(1, 200, cpu)  # fits: the same buffers, holding nothing
+    assert again is first and again.length == 0 and not again.valid.any() and again.capacity == CAPACITY_STEP
+    grown = decoder.held_cache(1, CAPACITY_STEP, cpu)  # no room for a bucket's padding past the end
+    assert grown.capacity == 2 * CAPACITY_STEP and grown.keys.data_ptr() != first.keys.data_ptr()
+    assert decoder.held_cache(2, 10, cpu) is not grown  # one per batch size
 
 
 def test_full_capacity_mask_sees_valid_slots_up_to_each_query():
@@ -54,9 +80,14 @@ def test_cuda_graphs_decode_exactly_as_eager(prompts):
     target = LoadedModel(tiny_model(0, layers=2).model.to("cuda", torch.float32), None, "tiny-cuda")
     prepared = LeanRuntime(compile=True, matmul_plan=False).prepare(target, None, [1, 2, 3, 4])
     assert prepared.record["compile_mode"] == "reduce-overhead"
+    counters.clear()
     for k in (3, 0):
         drafter = PromptLookupDrafter(target, k=k) if k else None
         g = torch.Generator(device="cuda")
         ours = generate(prepared.forward, prompts, drafter, SamplingConfig(), 20, NO_EOS, g.manual_seed(0))
         alone = generate(target.model, prompts, None, SamplingConfig(), 20, NO_EOS, g.manual_seed(0))
         assert ours.tokens == alone.tokens
+    # Every compiled pass ran as a CUDA graph: cudagraph trees skip (run without graphs, silently)
+    # a graph that writes into inputs whose addresses may change, the held caches' reason to be.
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert prepared.forward.compiled_passes > 20

@@ -239,6 +239,14 @@ class StaticRaggedKV(RaggedPasses):
         self.values = torch.cat([self.values, self.values.new_zeros(N, B, H, grow, hd)], dim=3)
         self.valid = torch.cat([self.valid, self.valid.new_zeros(self.valid.shape[0], grow)], dim=1)
 
+    def clear(self) -> None:
+        """Hold no tokens again, keeping the buffers (and their addresses). Stale keys and values
+        stay behind, masked from every query like any invalid slot."""
+        self.valid.zero_()
+        self.n_valid = torch.zeros_like(self.n_valid)
+        self.length = 0
+        self.layer_length = [0] * len(self.layer_length)
+
     def extend(self, input_mask: torch.Tensor) -> torch.Tensor:
         """Book T new slots per row ([B, T] mask, 0 = padding); returns their position ids [B, T]."""
         T = input_mask.shape[1]
@@ -290,7 +298,10 @@ class StaticRaggedKV(RaggedPasses):
 
 def new_ragged_kv(model, batch_size: int, device: torch.device, capacity: int) -> "RaggedKV | StaticRaggedKV":
     """The cache a forward takes: preallocated for the lean runtime's, a DynamicCache for
-    transformers' (whose attention wants a transformers Cache)."""
+    transformers' (whose attention wants a transformers Cache). A forward that holds its own
+    (the compiled decoder: CUDA graphs replay on fixed addresses) hands that out, cleared."""
+    if hasattr(model, "held_cache"):
+        return model.held_cache(batch_size, capacity, device)
     if getattr(model, "takes_static_cache", False):
         return StaticRaggedKV.for_model(model, batch_size, capacity, device)
     return RaggedKV.empty(model, batch_size, device)

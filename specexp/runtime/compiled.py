@@ -8,6 +8,12 @@ T is padded up to a bucket (1, 2, 4, 8, ...): the padding tokens are written pas
 end, where no mask shows them and the next pass overwrites them, and their logits are dropped.
 So a run compiles one graph per bucket (and batch size), each with the matmul plan of its rows.
 
+The cache's buffers are the decoder's own, one per batch size, cleared and handed out again by
+every decode (``held_cache``): a CUDA graph replays on the addresses it was recorded with, and
+cudagraph trees refuse (run without graphs) a graph that writes into inputs whose addresses may
+change. Held at a capacity rounded up to 256 slots and only grown, they keep one shape, so a
+study compiles each graph once: ``warm`` does that before anything is timed.
+
 Passes it does not take run eagerly through the same decoder: prompts longer than
 ``max_tokens``, a transformers cache, a shared early-exit draft's split passes (whose layers hold
 different numbers of slots), token trees, passes whose hidden states a draft reads, and every pass
@@ -15,6 +21,7 @@ of a model with sliding-window layers (Gemma3: its window is over each row's pos
 full-capacity mask does not carry).
 """
 
+from collections.abc import Iterable
 from types import SimpleNamespace
 
 import torch
@@ -51,6 +58,15 @@ def bucket(tokens: int) -> int:
     return 1 << (tokens - 1).bit_length()
 
 
+CAPACITY_STEP = 256  # held caches' capacities are multiples of this: nearby prompt lengths share one shape
+
+
+def held_capacity(slots: int, max_tokens: int) -> int:
+    """Slots to hold for a decode that books ``slots``: room for a bucket's padding past its end
+    (under ``max_tokens``), rounded up to a multiple of CAPACITY_STEP."""
+    return -(-(slots + max_tokens) // CAPACITY_STEP) * CAPACITY_STEP
+
+
 class CompiledDecoder:
     """Callable like LeanDecoder for the engine's caches; its full passes over the static cache
     of up to ``max_tokens`` new tokens run compiled."""
@@ -64,6 +80,45 @@ class CompiledDecoder:
         self.compiled_passes = 0  # passes that ran compiled (the rest ran eagerly)
         self.windowed = any(w is not None for w in decoder.windows)
         self._compiled = torch.compile(self._pass, mode=mode, fullgraph=True)
+        self._held: dict[int, StaticRaggedKV] = {}  # batch size -> the cache every decode of it uses
+
+    def held_cache(self, batch_size: int, capacity: int, device: torch.device) -> StaticRaggedKV:
+        """The cache for a decode of ``batch_size`` rows booking up to ``capacity`` slots: the one held
+        for that batch size, cleared, or a larger one that replaces it. One decode at a time: the
+        engine runs its target's decodes one after another."""
+        held = self._held.get(batch_size)
+        if held is not None and held.capacity >= capacity + self.max_tokens:
+            held.clear()
+            return held
+        held = StaticRaggedKV.for_model(self, batch_size, held_capacity(capacity, self.max_tokens), device)
+        for buffer in (held.keys, held.values, held.valid):  # CUDA graphs may write and read them in place
+            torch._dynamo.mark_static_address(buffer, guard=False)
+        self._held[batch_size] = held
+        return held
+
+    def stats(self) -> dict:
+        """For summary.json: passes that ran compiled, and graphs that cudagraph trees declined to
+        run as CUDA graphs (this process's count: under reduce-overhead it should stay 0)."""
+        from torch._dynamo.utils import counters  # imported here: torch._dynamo is slow to import
+
+        return {"compiled_passes": self.compiled_passes,
+                "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"])}
+
+    @torch.inference_mode()  # as the engine runs its passes (a graph compiled for autograd would not serve them)
+    def warm(self, batch_sizes: Iterable[int], pass_tokens: Iterable[int], capacity: int) -> int:
+        """Compile (on CUDA also record) the graph of every bucket that passes over ``pass_tokens``
+        new tokens take, for each batch size, on the held caches at ``capacity``: the first call of
+        a graph compiles it, which no timed decode should pay. Returns the graphs warmed."""
+        buckets = sorted({bucket(t) for t in pass_tokens if 0 < t <= self.max_tokens})
+        if self.windowed:  # its passes all run eagerly
+            return 0
+        for batch_size in sorted(set(batch_sizes)):
+            for tokens in buckets:
+                kv = self.held_cache(batch_size, capacity, self.device)
+                ids = torch.zeros(batch_size, tokens, dtype=torch.long, device=self.device)  # [B, Tb]
+                kv.forward(self, ids, torch.ones_like(ids))
+            self.held_cache(batch_size, capacity, self.device)  # left cleared
+        return len(buckets) * len(set(batch_sizes))
 
     def _pass(self, input_ids: torch.Tensor, position_ids: torch.Tensor, valid: torch.Tensor, start: torch.Tensor,
               keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

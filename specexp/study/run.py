@@ -34,6 +34,7 @@ from specexp.drafts.oracle import greedy_continuations
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.runtime import round_rows
+from specexp.runtime.compiled import CompiledDecoder
 from specexp.study import intervals, timing
 from specexp.study.timing import TimingSettings
 from specexp.study.tracking import JobResults
@@ -272,6 +273,20 @@ def _answer_rows(
     return rows
 
 
+def warm_graphs(study: Study, batches: list[list[int]]) -> None:
+    """runtime.compile=true: compile every graph the timed decodes can take (each batch size's
+    prompt pass, passes of 1..K+1 tokens) before any is timed; a short warm-up decode meets only
+    some, and a graph compiled inside a timed decode (seconds) would be charged to its arm."""
+    if not isinstance(study.forward, CompiledDecoder):
+        return
+    prompt_lengths = [max(len(study.encoded[i]) for i in indices) for indices in batches]
+    capacity = max(prompt_lengths) + study.max_new_tokens + study.k_max + 1  # the longest decode's booking
+    started = time.perf_counter()
+    graphs = study.forward.warm([len(indices) for indices in batches], [*range(1, study.k_max + 2), *prompt_lengths],
+                                capacity)
+    print(f"[compile] {graphs} graph(s) compiled before timing in {time.perf_counter() - started:.1f} s")
+
+
 def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -> dict:
     """Decode every batch with the AR baseline and the draft, then time the same work again until
     the speedup's interval is narrow enough (specexp.study.timing); write results as batches finish."""
@@ -293,6 +308,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
 
     batches = make_batches(study.prompts, study.batch_size, study.batch_by_category)
     if warmup:  # first calls allocate and pick kernels: on the first batch's own shapes, both arms, untimed;
+        warm_graphs(study, batches)
         for with_draft in (False, True):  # without the policy (the draft proposes its most; the policy's counts start clean)
             decode(batches[0], with_draft, study.seed, min(study.max_new_tokens, WARMUP_TOKENS), None)
 
@@ -328,7 +344,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     summary["target"] = target.name
     summary["draft"] = type(drafter).__name__
     summary["vocab_overlap"] = drafter.traits.vocab_overlap if drafter is not None else None
-    summary["runtime"] = study.runtime
+    summary["runtime"] = study.runtime | (study.forward.stats() if isinstance(study.forward, CompiledDecoder) else {})
     results.finish(summary, rounds_df, batches_df, study.profile.record() if study.profile is not None else None)
     tracker.log_run(summary, rounds_df, all_answers)
     return summary
