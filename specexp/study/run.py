@@ -36,6 +36,7 @@ from specexp.models import LoadedModel
 from specexp.runtime import round_rows
 from specexp.runtime.compiled import CompiledDecoder
 from specexp.study import intervals, timing
+from specexp.study.divergence import divergence, divergence_line
 from specexp.study.timing import TimingSettings
 from specexp.study.tracking import JobResults
 
@@ -258,6 +259,15 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
     return summary
 
 
+def _add_divergences(study: Study, indices: list[int], answers: list[dict]) -> None:
+    """Each answer whose greedy arms differ gets its first divergence (one untimed eager pass)."""
+    forward = study.forward.decoder if isinstance(study.forward, CompiledDecoder) else study.forward
+    for i, row in zip(indices, answers, strict=True):
+        if not row["identical"]:
+            row["divergence"] = divergence(forward, study.encoded[i], row["ar_tokens"], row["spec_tokens"],
+                                           study.target.model.dtype)
+
+
 def _answer_rows(
     prompts: list[Prompt], indices: list[int], spec: GenerationOutput, ar: GenerationOutput, tokenizer
 ) -> list[dict]:
@@ -324,6 +334,8 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
         batch_records += batch_records_of(outs, n, 0, batch_prompts[0].category,
                                           max(len(study.encoded[i]) for i in indices))
         answers = _answer_rows(study.prompts, indices, spec, ar, target.tokenizer)
+        if study.sampling.greedy:
+            _add_divergences(study, indices, answers)
         all_answers += answers
         results.add_answers(answers)
         progress.set_postfix(spec_tok_s=f"{batch_records[-2]['tokens'] / spec.total_s:.1f}",
@@ -340,6 +352,11 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     # greedy_match: fraction of prompts whose speculative tokens equal the AR baseline's.
     # Only defined under greedy decoding, where it must be 1.0.
     summary["greedy_match"] = float(np.mean([a["identical"] for a in all_answers])) if study.sampling.greedy else None
+    # where greedy arms differ: the first divergence's logit gap, in the dtype's rounding steps (study/divergence.py)
+    divergences = [{"prompt_id": a["prompt_id"], **a["divergence"]} for a in all_answers if a.get("divergence")]
+    summary["greedy_divergences"] = divergences if study.sampling.greedy else None
+    if divergences:
+        print(divergence_line(divergences, len(all_answers), target.model.dtype))
     summary["n_prompts"] = len(study.prompts)
     summary["target"] = target.name
     summary["draft"] = type(drafter).__name__
