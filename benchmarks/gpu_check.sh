@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The CUDA path in one prepared script (about 10 minutes on one GPU): the gpu-marked tests, the
-# default study on the GPU, and the compiled decode under CUDA graphs, each under its own time
-# limit; the record goes to benchmarks/gpu_check/<date>-<card>.md with the card, driver, torch and
-# every command's exit status and headline line.
+# The CUDA path in one prepared script (at most 8 minutes on one GPU: its steps' limits add up to
+# 480 s): the gpu-marked tests, the default study on the GPU, and the compiled decode under CUDA
+# graphs, each under its own time limit; the record goes to benchmarks/gpu_check/<date>-<card>.md
+# with the card, driver, torch and every command's exit status and headline line.
 #   bash benchmarks/gpu_check.sh [extra Hydra overrides for both studies]
 # Needs specexp installed with a CUDA build of torch and the embedded default target (the README's
 # install command with your CUDA torch instead of the CPU pin). Run it on an otherwise idle GPU.
@@ -48,13 +48,21 @@ step() {  # step NAME SECONDS COMMAND...: run it under a limit, keep its last li
 }
 
 status=0
-# 1. The gpu-marked tests (greedy identity on CUDA, CUDA graphs against eager), slow ones included.
-step gpu_tests 240 python -m pytest -m gpu -n 0 -p no:cacheprovider -q || status=1
+# Extra timed passes get 40 s per study (the default allows 120 s): the intervals say what that bought.
+timing=(timing.budget_s=40)
+# 1. The gpu-marked tests (greedy identity on CUDA, CUDA graphs against eager), slow ones included,
+#    collected from the files that mark any (the rest of the suite is not imported).
+mapfile -t gpu_files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
+step gpu_tests 90 python -m pytest -m gpu -n 0 -p no:cacheprovider -q "${gpu_files[@]}" || status=1
 # 2. The default study on the GPU (its hardware profile measured there first).
-step default_study 240 python -m specexp device=cuda hydra.run.dir=multirun/gpu_check/default "$@" || status=1
-# 3. The compiled target pass under CUDA graphs (reduce-overhead), the same study.
-step compiled_study 300 python -m specexp device=cuda runtime.compile=true hydra.run.dir=multirun/gpu_check/compiled \
-  "$@" || status=1
+step default_study 150 python -m specexp device=cuda hydra.run.dir=multirun/gpu_check/default "${timing[@]}" "$@" \
+  || status=1
+# 3. The compiled target pass under CUDA graphs (reduce-overhead), the same study at a fixed K = 3 and
+#    unpriced: a profile would time, and so compile, every pass size up to 32 tokens (one graph per
+#    power of two, each compiled before timing); K = 3 needs the graphs of 1, 2 and 4 tokens (prompt passes run eagerly).
+step compiled_study 240 python -m specexp device=cuda runtime.compile=true runtime.compile_max_tokens=4 draft.k=3 \
+  profile.enabled=false \
+  hydra.run.dir=multirun/gpu_check/compiled "${timing[@]}" "$@" || status=1
 for run in default compiled; do
   summary="multirun/gpu_check/$run/summary.json"
   [ -f "$summary" ] && python - "$summary" "$run" >>"$record" <<'EOF'
@@ -62,7 +70,11 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 print(f"- {sys.argv[2]}: speedup {s['speedup']:.3f} {s.get('speedup_ci95')}, alpha {s['alpha']}, tau {s['tau']:.3f}, "
       f"AR {s['tokens_per_s_ar']:.1f} tok/s, greedy_match {s['greedy_match']}, runtime {s['runtime'].get('name')}"
-      f"{' compiled ' + str(s['runtime'].get('compile_mode')) if s['runtime'].get('compile') else ''}")
+      f"{' compiled ' + str(s['runtime'].get('compile_mode')) if s['runtime'].get('compile') else ''}"
+      f"{', compiled passes %s, cudagraph skips %s' % (s['runtime'].get('compiled_passes'), s['runtime'].get('cudagraph_skips')) if s['runtime'].get('compile') else ''}")
+for d in s.get("greedy_divergences") or []:  # where the greedy arms differ: the logit gap in rounding steps
+    print(f"  - prompt {d['prompt_id']}: position {d['position']}, gap {d['logit_gap']:.4f} = "
+          f"{abs(d['logit_gap']) / d['rounding_step']:.1f} rounding steps")
 EOF
 done
 echo "record: $record"
