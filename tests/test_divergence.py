@@ -11,7 +11,7 @@ from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.study.divergence import divergence, first_divergence, rounding_step
 from specexp.study.run import Study, run_study
 from specexp.study.timing import TimingSettings
-from specexp.study.tracking import JobResults, NullTracker
+from specexp.study.tracking import JobResults, NullTracker, divergence_columns
 
 
 def test_first_divergence_is_the_first_position_both_arms_filled_differently():
@@ -76,5 +76,7 @@ def test_run_study_records_where_greedy_arms_differ(tmp_path, target):
         assert d["position"] == first_divergence(a["ar_tokens"], a["spec_tokens"])
         assert (d["ar_token"], d["spec_token"]) == (a["ar_tokens"][d["position"]], a["spec_tokens"][d["position"]])
         assert abs(d["logit_gap"]) <= 1 / 256  # tied within the verify pass's rounding
+        assert divergence_columns(d) == [d["position"], abs(d["logit_gap"]) / d["rounding_step"]]  # W&B's samples
     assert all("divergence" not in a for a in answers if a["identical"])
+    assert divergence_columns(None) == [None, None]
 

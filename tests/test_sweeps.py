@@ -146,6 +146,9 @@ def test_wandb_offline_run_is_written_and_read_back(tmp_path):
     assert run["summary"]["speedup_ci95_lo"] == pytest.approx(summary["speedup_ci95"][0])
     assert [x for row in curve["data"] for x in row] == pytest.approx([x for row in expected for x in row])
     assert len(run["tables"]["samples"]["data"]) == 2
+    samples = run["tables"]["samples"]  # greedy and identical: no first divergence, no gap
+    assert samples["columns"][-2:] == ["first_divergence", "gap_rounding_steps"]
+    assert all(row[-2:] == [None, None] for row in samples["data"])
     assert set(run["tables"]) >= {"per_category", "rounds_sample", "samples"}
     lengths = run["tables"]["accepted_lengths"]
     assert lengths["data"] == [[n, count] for n, count in enumerate(summary["accepted_length_histogram"])]

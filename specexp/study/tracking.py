@@ -104,6 +104,13 @@ def wandb_mode(mode: str) -> str:
 HEADLINE_KEYS = ("speedup", "alpha", "tau", "cost_ratio_c", "predicted_speedup", "realized_over_predicted")
 
 
+def divergence_columns(divergence: dict | None) -> list:
+    """A sample's first divergence (greedy arms that differ) and its logit gap in rounding steps."""
+    if not divergence:
+        return [None, None]
+    return [divergence["position"], abs(divergence["logit_gap"]) / divergence["rounding_step"]]
+
+
 def interval_keys(summary: dict) -> dict:
     """The headline numbers' 95% intervals as scalar keys W&B can chart: `speedup_ci95_lo`, `_hi`, ..."""
     return {key: value for key, value in interval_columns(summary).items() if value is not None}
@@ -150,7 +157,8 @@ class WandbTracker:
             per_category = wandb.Table(columns=["category", "alpha", "tau", "speedup"], data=[
                 [cat, v["alpha"], v["tau"], v["speedup"]] for cat, v in (summary.get("per_category") or {}).items()])
             sample = rounds.sample(min(len(rounds), self.max_table_rows), random_state=0) if len(rounds) else rounds
-            texts = [[a["prompt_id"], a["category"], a["spec_text"], a["ar_text"], a["identical"]] for a in answers]
+            texts = [[a["prompt_id"], a["category"], a["spec_text"], a["ar_text"], a["identical"],
+                      *divergence_columns(a.get("divergence"))] for a in answers]
             # History rows that let panels draw lines across runs (specexp.reporting.dashboard): one with the
             # headline numbers at x = k, then one per draft position at x = position.
             self.run.log({"k": summary["k"], **{key: summary[key] for key in HEADLINE_KEYS if summary.get(key) is not None},
@@ -168,7 +176,8 @@ class WandbTracker:
                 "per_category": per_category,
                 "speedup_per_category": wandb.plot.bar(per_category, "category", "speedup", title="speedup per category"),
                 "rounds_sample": wandb.Table(dataframe=sample),
-                "samples": wandb.Table(columns=["prompt_id", "category", "spec_text", "ar_text", "identical"],
+                "samples": wandb.Table(columns=["prompt_id", "category", "spec_text", "ar_text", "identical",
+                                                "first_divergence", "gap_rounding_steps"],
                                        data=texts[: self.max_table_rows]),
             })
         except Exception as error:
