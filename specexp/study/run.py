@@ -349,8 +349,9 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     summary["timing"] = timing
     summary["k_policy"] = study.k_setting
     summary["draft_profile"] = study.draft_name  # the draft's entry in the profile (profile.json)
-    # greedy_match: fraction of prompts whose speculative tokens equal the AR baseline's.
-    # Only defined under greedy decoding, where it must be 1.0.
+    # greedy_match: fraction of prompts whose speculative tokens equal the AR baseline's. Only defined
+    # under greedy decoding, where it is 1.0 in float32; in bf16 the arms' pass shapes may round a
+    # near-tie apart (greedy_divergences says where, and by how many rounding steps).
     summary["greedy_match"] = float(np.mean([a["identical"] for a in all_answers])) if study.sampling.greedy else None
     # where greedy arms differ: the first divergence's logit gap, in the dtype's rounding steps (study/divergence.py)
     divergences = [{"prompt_id": a["prompt_id"], **a["divergence"]} for a in all_answers if a.get("divergence")]
