@@ -14,9 +14,6 @@ from omegaconf import DictConfig
 
 from specexp.cli import CONFIG_DIR, fail, missing_value, remove_run_folder, unknown_choice, user_error
 from specexp.errors import DraftDoesNotApply, UserInputError
-from specexp.reporting.report import done_line, print_summary
-from specexp.study.run import config_hash, run_job
-from specexp.study.tracking import JobResults
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
@@ -25,13 +22,21 @@ def main(cfg: DictConfig) -> float | None:
     out_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     label = hydra_cfg.job.override_dirname or "run"
+    missing = missing_value(cfg, hydra_cfg.runtime.choices)
+    if missing is not None and not multirun:  # answered before the study's imports below (seconds of torch's)
+        remove_run_folder(out_dir)
+        fail(missing)
+    from specexp.reporting.report import done_line, print_summary
+    from specexp.study.run import config_hash, run_job
+    from specexp.study.tracking import JobResults
+
     results = JobResults(out_dir, config_hash(cfg))
     if not cfg.force and (done := results.completed_summary()) is not None:
         print(f"[skip] {label}: finished earlier with this config (force=true reruns it)")
         return done["speedup"]
     try:
-        if (message := missing_value(cfg, hydra_cfg.runtime.choices)) is not None:
-            raise UserInputError(message)
+        if missing is not None:  # a sweep records the job as failed and goes on
+            raise UserInputError(missing)
         summary = run_job(cfg, results)
     except Exception as exc:
         error = user_error(exc)

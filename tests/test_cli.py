@@ -2,6 +2,8 @@
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -81,6 +83,26 @@ def bad_input_runs(prompt_files, tmp_path_factory) -> dict:
     calls = {case: ("specexp", [*(o.format(**prompt_files) for o in overrides), f"hydra.run.dir={folder / case}"])
              for case, (overrides, _) in BAD_INPUTS.items()}
     return {case: (folder / case, out) for case, out in run_each(calls).items()}
+
+
+def test_an_unknown_option_or_a_missing_value_is_answered_before_the_study_imports(tmp_path):
+    """Before torch and transformers load (seconds): a fresh interpreter reports them with none imported."""
+    script = (
+        "import runpy, sys\n"
+        "for args in (['draft=nosuch'], ['draft=small_lm', 'hydra.run.dir=RUN']):\n"
+        "    sys.argv = ['specexp', *args]\n"
+        "    try:\n"
+        "        runpy.run_module('specexp', run_name='__main__', alter_sys=True)\n"
+        "    except SystemExit as stop:\n"
+        "        print(stop.code)\n"
+        "    from hydra.core.global_hydra import GlobalHydra\n"
+        "    GlobalHydra.instance().clear()\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'pandas') if m in sys.modules))\n"
+    ).replace("RUN", str(tmp_path / "run"))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.stdout.split() == ["2", "2", "[]"], out.stderr[-2000:]
+    assert "unknown draft 'nosuch'" in out.stderr and "draft.model is required by draft=small_lm" in out.stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.default_target
