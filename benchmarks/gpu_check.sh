@@ -68,6 +68,7 @@ for run in default compiled; do
   summary="multirun/gpu_check/$run/summary.json"
   [ -f "$summary" ] && python - "$summary" "$run" >>"$record" <<'EOF'
 import json, sys
+from specexp.study.divergence import steps_apart
 s = json.load(open(sys.argv[1]))
 print(f"- {sys.argv[2]}: speedup {s['speedup']:.3f} {s.get('speedup_ci95')}, alpha {s['alpha']}, tau {s['tau']:.3f}, "
       f"AR {s['tokens_per_s_ar']:.1f} tok/s, greedy_match {s['greedy_match']}, runtime {s['runtime'].get('name')}"
@@ -75,7 +76,7 @@ print(f"- {sys.argv[2]}: speedup {s['speedup']:.3f} {s.get('speedup_ci95')}, alp
       f"{', compiled passes %s, cudagraph skips %s' % (s['runtime'].get('compiled_passes'), s['runtime'].get('cudagraph_skips')) if s['runtime'].get('compile') else ''}")
 for d in s.get("greedy_divergences") or []:  # where the greedy arms differ: the logit gap in rounding steps
     print(f"  - prompt {d['prompt_id']}: position {d['position']}, gap {d['logit_gap']:.4f} = "
-          f"{abs(d['logit_gap']) / d['rounding_step']:.1f} rounding steps")
+          f"{steps_apart(d):.1f} rounding steps")
 EOF
 done
 echo "record: $record"

@@ -30,8 +30,8 @@ def test_compiled_passes_decode_exactly_as_transformers(prompts, tmp_path, monke
     target = LoadedModel(tiny_model(0, layers=2).model.float(), None, "tiny")
     prepared = LeanRuntime(compile=True).prepare(target, None, [1, 2, 3, 4])
     assert prepared.record["compile"] and prepared.record["compile_mode"] == "default"
-    capacity = max(map(len, prompts)) + 20 + 3 + 1  # the longest decode's booking (k = 3)
     longest = max(map(len, prompts))  # the left-padded prompt pass's
+    capacity = longest + 20 + 3 + 1  # the longest decode's booking (k = 3)
     assert prepared.forward.warm([3], [*range(1, 5), longest], capacity) == len({1, 2, 4, bucket(longest)})
     with torch.inference_mode():  # as the engine asks for it (warm made its buffers there)
         held = prepared.forward.held_cache(3, capacity, torch.device("cpu"))

@@ -30,13 +30,13 @@ def test_rounding_step_is_the_dtype_spacing_at_the_value():
 def test_divergence_reads_the_gap_from_one_pass_over_the_prompt_and_the_tokens_before(target):
     prompt, ar = [5, 6, 7], [9, 10, 11, 12]
     spec = [9, 10, 3, 40]
-    found = divergence(target.model, prompt, ar, spec, torch.float64)
+    found = divergence(target.model, prompt, ar, spec)
     with torch.inference_mode():
         logits = target.model(torch.tensor([prompt + ar[:2]])).logits[0, -1]  # [V]
     assert found["position"] == 2 and (found["ar_token"], found["spec_token"]) == (11, 3)
     assert abs(found["logit_gap"] - float(logits[11] - logits[3])) < 1e-6  # another pass shape: not bit-equal
     assert found["rounding_step"] == rounding_step(max(abs(float(logits[11])), abs(float(logits[3]))), torch.float64)
-    assert divergence(target.model, prompt, ar, list(ar), torch.float64) is None
+    assert divergence(target.model, prompt, ar, list(ar)) is None
 
 
 class VerifyPassRounding:

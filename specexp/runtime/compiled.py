@@ -109,16 +109,17 @@ class CompiledDecoder:
         """Compile (on CUDA also record) the graph of every bucket that passes over ``pass_tokens``
         new tokens take, for each batch size, on the held caches at ``capacity``: the first call of
         a graph compiles it, which no timed decode should pay. Returns the graphs warmed."""
-        buckets = sorted({bucket(t) for t in pass_tokens if 0 < t <= self.max_tokens})
         if self.windowed:  # its passes all run eagerly
             return 0
-        for batch_size in sorted(set(batch_sizes)):
+        buckets = sorted({bucket(t) for t in pass_tokens if 0 < t <= self.max_tokens})
+        sizes = sorted(set(batch_sizes))
+        for batch_size in sizes:
             for tokens in buckets:
                 kv = self.held_cache(batch_size, capacity, self.device)
                 ids = torch.zeros(batch_size, tokens, dtype=torch.long, device=self.device)  # [B, Tb]
                 kv.forward(self, ids, torch.ones_like(ids))
             self.held_cache(batch_size, capacity, self.device)  # left cleared
-        return len(buckets) * len(set(batch_sizes))
+        return len(buckets) * len(sizes)
 
     def _pass(self, input_ids: torch.Tensor, position_ids: torch.Tensor, valid: torch.Tensor, start: torch.Tensor,
               keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

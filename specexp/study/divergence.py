@@ -30,12 +30,11 @@ def rounding_step(value: float, dtype: torch.dtype) -> float:
 
 
 @torch.inference_mode()
-def divergence(forward: Callable, prompt: list[int], ar_tokens: list[int], spec_tokens: list[int],
-               dtype: torch.dtype) -> dict | None:
+def divergence(forward: Callable, prompt: list[int], ar_tokens: list[int], spec_tokens: list[int]) -> dict | None:
     """At the first divergence: both tokens, the target's logit gap between them (the AR token's
     minus the speculative one's) from one pass over the prompt and the AR tokens before it, and the
-    dtype's rounding step at those logits. A third pass shape, so the gap's sign may go either way:
-    its size is what says whether the two were tied within rounding."""
+    rounding step of the forward's dtype at those logits. A third pass shape, so the gap's sign may
+    go either way: its size is what says whether the two were tied within rounding."""
     position = first_divergence(ar_tokens, spec_tokens)
     if position is None:
         return None
@@ -45,12 +44,18 @@ def divergence(forward: Callable, prompt: list[int], ar_tokens: list[int], spec_
     ar_token, spec_token = ar_tokens[position], spec_tokens[position]
     scale = max(abs(float(logits[ar_token])), abs(float(logits[spec_token])))
     return {"position": position, "ar_token": ar_token, "spec_token": spec_token,
-            "logit_gap": float(logits[ar_token] - logits[spec_token]), "rounding_step": rounding_step(scale, dtype)}
+            "logit_gap": float(logits[ar_token] - logits[spec_token]),
+            "rounding_step": rounding_step(scale, forward.dtype)}
+
+
+def steps_apart(divergence: dict) -> float:
+    """A divergence's logit gap in rounding steps of the dtype there."""
+    return abs(divergence["logit_gap"]) / divergence["rounding_step"]
 
 
 def divergence_line(divergences: list[dict], n_prompts: int, dtype: torch.dtype) -> str:
     """One line for the console: how many prompts differ and their gaps in rounding steps."""
-    steps = ", ".join(f"{abs(d['logit_gap']) / d['rounding_step']:.1f}" for d in divergences)
+    steps = ", ".join(f"{steps_apart(d):.1f}" for d in divergences)
     return (f"[greedy] {len(divergences)} of {n_prompts} prompts differ from the AR arm; at the first divergence the "
             f"two tokens' logits differ by {steps} rounding steps of {str(dtype).removeprefix('torch.')} at that scale "
             f"(a near-tie that two pass shapes round apart shows as a few steps; a broken rule as a clear gap)")

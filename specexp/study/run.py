@@ -264,8 +264,7 @@ def _add_divergences(study: Study, indices: list[int], answers: list[dict]) -> N
     forward = study.forward.decoder if isinstance(study.forward, CompiledDecoder) else study.forward
     for i, row in zip(indices, answers, strict=True):
         if not row["identical"]:
-            row["divergence"] = divergence(forward, study.encoded[i], row["ar_tokens"], row["spec_tokens"],
-                                           study.target.model.dtype)
+            row["divergence"] = divergence(forward, study.encoded[i], row["ar_tokens"], row["spec_tokens"])
 
 
 def _answer_rows(

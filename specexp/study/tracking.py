@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from specexp.output import write_atomic
+from specexp.study.divergence import steps_apart
 from specexp.study.intervals import interval_columns
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def divergence_columns(divergence: dict | None) -> list:
     """A sample's first divergence (greedy arms that differ) and its logit gap in rounding steps."""
     if not divergence:
         return [None, None]
-    return [divergence["position"], abs(divergence["logit_gap"]) / divergence["rounding_step"]]
+    return [divergence["position"], steps_apart(divergence)]
 
 
 def interval_keys(summary: dict) -> dict:
