@@ -17,7 +17,9 @@ driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1
 day=$(date +%F)
 out_dir=benchmarks/gpu_check
 mkdir -p "$out_dir" multirun/gpu_check
-record="$out_dir/$day-$(echo "$card" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-').md"
+stem="$out_dir/$day-$(echo "$card" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-')"
+record="$stem.md"
+for n in 2 3 4 5 6 7 8 9; do [ -e "$record" ] || break; record="$stem-$n.md"; done  # a day's earlier runs stay
 export WANDB_MODE=offline PYTHONUNBUFFERED=1
 
 {
