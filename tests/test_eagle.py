@@ -17,7 +17,7 @@ from specexp.draft_vocab import DraftVocab
 from specexp.drafts.eagle import EagleDrafter, eagle_drafter
 from specexp.drafts.eagle_head import EagleHead, unrolled_mask
 from specexp.errors import UserInputError
-from tests.commands import run_distill, run_smoke_study
+from tests.commands import on_tiny_local_target, run_distill, run_smoke_study
 from tests.conftest import EOS, tiny_model
 from tests.distilling import fit_and_validate, toy_corpus_args
 from tests.drafters import RecordsProposals, ScriptedK, eagle_head
@@ -126,31 +126,31 @@ def test_training_raises_heldout_alpha(sharp_pair, tmp_path, recipe):
 
 
 @pytest.mark.default_target
-def test_eagle3_command_end_to_end(tmp_path):
-    """student=eagle3 on the default target at toy size exports a head folder that draft=eagle
-    runs exactly as a dynamic tree with int8 linears (the shipped head's chains: the smoke k_sweep and
-    draft_compare)."""
-    run_dir = tmp_path / "run"
-    out = run_distill("student=eagle3", "student.intermediate_size=256", "draft_vocab_size=512", "feature_cache=true",
+def test_eagle3_command_end_to_end(tmp_path, tiny_local_conf):
+    """student=eagle3 at toy size on a user's own 8-layer target (the default's tokenizer) exports a
+    head folder that draft=eagle runs exactly as a dynamic tree with int8 linears (the shipped head
+    on the default target, as chains: the smoke k_sweep and draft_compare)."""
+    run_dir, tiny = tmp_path / "run", on_tiny_local_target(tiny_local_conf)
+    out = run_distill(*tiny, "student=eagle3", "student.intermediate_size=256", "draft_vocab_size=512", "feature_cache=true",
                       *toy_corpus_args(tmp_path), "trainer.max_steps=4", "trainer.val_check_interval=2",
                       f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "feature cache: hidden states [2, 15, 27, 30] of" in out.stdout and "writing it now" in out.stdout
+    assert "feature cache: hidden states [2, 4, 5, 8] of" in out.stdout and "writing it now" in out.stdout
     caches = [p for p in (tmp_path / "cache").glob("corpus-*-features-*") if (p / "dataset_info.json").exists()]
     assert len(caches) == 1 and not list((tmp_path / "cache").glob("*.map.arrow"))  # no second copy left behind
     head = run_dir / "student"
     config = json.loads((head / "eagle_head.json").read_text())
-    assert config["hidden_layers"] == [2, 15, 27] and config["target_layers"] == 30
+    assert config["hidden_layers"] == [2, 4, 5] and config["target_layers"] == 8  # low, middle, high: 2, N/2, N-3
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["steps"] == 4 and result["parameters"] < 4_000_000  # the head alone (the target has 135M)
+    assert result["steps"] == 4 and result["parameters"] < 200_000  # the head alone (the target has 3.2M)
     # a fixed node budget, unpriced: the export is under test (a priced study of a fresh head: test_medusa's)
-    study = run_smoke_study("draft=eagle", f"draft.head={head}", "draft.branches=2", "draft.k=4", "draft.quantize=int8",
+    study = run_smoke_study(*tiny, "draft=eagle", f"draft.head={head}", "draft.branches=2", "draft.k=4", "draft.quantize=int8",
                             "profile.enabled=false", f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     summary = json.loads((tmp_path / "study" / "summary.json").read_text())
     assert summary["greedy_match"] == 1.0
     assert summary["runtime"]["draft_int8_linears"] >= 6  # fusion, the layer's q/k/v/o and MLP, its own head
-    bad = run_distill("feature_cache=true", *toy_corpus_args(tmp_path), f"hydra.run.dir={tmp_path / 'bad'}")
+    bad = run_distill(*tiny, "feature_cache=true", *toy_corpus_args(tmp_path), f"hydra.run.dir={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "feature_cache=true caches a feature head's inputs; student" in bad.stderr
 
 

@@ -15,7 +15,7 @@ from specexp.distill.features import FeatureDistillModule, medusa_student, teach
 from specexp.drafts.medusa import MedusaDrafter, medusa_drafter
 from specexp.drafts.medusa_heads import MedusaHeads
 from specexp.errors import UserInputError
-from tests.commands import run_distill, run_smoke_study
+from tests.commands import on_tiny_local_target, run_distill, run_smoke_study
 from tests.conftest import tiny_model
 from tests.distilling import fit_and_validate, toy_corpus_args
 from tests.drafters import RecordsProposals, every_other_token, medusa_heads
@@ -84,16 +84,18 @@ def test_training_raises_heldout_alpha(sharp_pair, tmp_path):
 
 
 @pytest.mark.default_target
-def test_medusa_command_end_to_end(tmp_path):
-    run_dir = tmp_path / "run"
-    out = run_distill("student=medusa", "student.n_heads=3", "draft_vocab_size=512", *toy_corpus_args(tmp_path),
+def test_medusa_command_end_to_end(tmp_path, tiny_local_conf):
+    """student=medusa at toy size on a user's own target (the shipped heads on the default target: the
+    smoke k_sweep), then a priced study of the exported heads."""
+    run_dir, tiny = tmp_path / "run", on_tiny_local_target(tiny_local_conf)
+    out = run_distill(*tiny, "student=medusa", "student.n_heads=3", "draft_vocab_size=512", *toy_corpus_args(tmp_path),
                       "trainer.max_steps=4", "trainer.val_check_interval=2", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "teacher_top_k=64 unused; feature_cache=true caches them" in out.stdout  # a live target pass per step
     heads = run_dir / "student"
     assert json.loads((heads / "medusa_head.json").read_text())["n_heads"] == 3
-    assert json.loads((run_dir / "result.json").read_text())["parameters"] < 2_000_000
+    assert json.loads((run_dir / "result.json").read_text())["parameters"] < 100_000  # the heads alone (the target has 3.2M)
     # a chain, K chosen per round up to its 3 heads (profiled no further); trees: test_engine, test_exactness
-    study = run_smoke_study("draft=medusa", f"draft.head={heads}", "draft.k_max=3", f"hydra.run.dir={tmp_path / 'study'}")
+    study = run_smoke_study(*tiny, "draft=medusa", f"draft.head={heads}", "draft.k_max=3", f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0
