@@ -137,18 +137,18 @@ def self_written_prompts(target: LoadedModel, n: int, max_tokens: int = 64, temp
 def corpus_documents(target: LoadedModel, text: list[str] | None = None, text_column: str = "text",
                      prompts: str | None = None, prompt_limit: int | None = None, prompt_tokens: int = 64,
                      generation_tokens: int = 128, temperature: float = 0.7, batch_size: int = 16,
-                     seed: int = 0, openers: list[str] | None = None) -> list[list[int]]:
+                     seed: int = 0, openers: list[str] | None = None, max_documents: int | None = None) -> list[list[int]]:
     """Token documents from text data sets and/or the target's answers on a prompt set.
 
     prompts: 'self' (the target writes them, starting with `openers` if given), 'mt_bench', any
-    prompt data set, or None.
+    prompt data set, or None. max_documents: the first N documents of each text data set (None: all).
     """
     if openers and prompts != "self":
         raise UserInputError(f"corpus openers apply to prompts=self only (the target writing the user turns); "
                              f"got prompts={prompts!r}")
     documents = []
     for source in text or []:
-        documents += text_documents(target, source, text_column)
+        documents += text_documents(target, source, text_column, max_documents=max_documents)
     if prompts == "self":
         prompt_set = self_written_prompts(target, prompt_limit or 64, prompt_tokens, 1.0, batch_size, seed, openers)
     elif prompts == "mt_bench":
