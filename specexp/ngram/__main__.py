@@ -5,19 +5,18 @@
 
 The corpus is any mix of text data sets (--text, repeatable: local files, a glob of text
 files, or an HF name) and the target's own generations on a prompt set (--prompts:
-mt_bench or a question.jsonl / json / csv file), all tokenized with the target's tokenizer.
+mt_bench, self (the target writes the user turns too) or a question.jsonl / json / csv file), all
+tokenized with the target's tokenizer: `specexp.ngram.corpus.corpus_documents`, as the cached builds.
 """
 
 import argparse
 import sys
 
 from specexp.cli import one_line_errors
-from specexp.core.sampling import SamplingConfig
-from specexp.data import mt_bench, prompts_from_dataset
 from specexp.errors import UserInputError
 from specexp.models import load_embedded_target, load_model
 from specexp.ngram.cached import datastore_from_documents, lm_from_documents
-from specexp.ngram.corpus import generated_documents, text_documents
+from specexp.ngram.corpus import corpus_documents
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -31,7 +30,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--text", action="append", default=[], help="text data set: file, glob or HF name (repeatable)")
     parser.add_argument("--text-column", default="text")
     parser.add_argument("--max-documents", type=int, default=None, help="per text data set")
-    parser.add_argument("--prompts", default=None, help="prompt set the target answers: mt_bench or a file")
+    parser.add_argument("--prompts", default=None, help="prompt set the target answers: mt_bench, self or a file")
     parser.add_argument("--prompt-text-column", default="turns")
     parser.add_argument("--prompt-limit", type=int, default=None)
     parser.add_argument("--generation-tokens", type=int, default=128)
@@ -47,17 +46,10 @@ def build(args: argparse.Namespace) -> None:
     target = load_embedded_target(device=args.device) if args.target == "default" else load_model(args.target, device=args.device)
     if target.tokenizer is None:
         raise UserInputError(f"target '{target.name}' has no tokenizer")
-    documents = []
-    for source in args.text:
-        documents += text_documents(target, source, args.text_column, max_documents=args.max_documents)
-    if args.prompts:
-        if args.prompts == "mt_bench":
-            prompts = mt_bench(limit=args.prompt_limit, seed=args.seed)
-        else:
-            prompts = prompts_from_dataset(args.prompts, text_column=args.prompt_text_column, limit=args.prompt_limit,
-                                           seed=args.seed)
-        sampling = SamplingConfig(temperature=args.temperature)
-        documents += generated_documents(target, prompts, args.generation_tokens, sampling, args.batch_size, args.seed)
+    documents = corpus_documents(target, text=args.text, text_column=args.text_column, prompts=args.prompts,
+                                 prompt_limit=args.prompt_limit, generation_tokens=args.generation_tokens,
+                                 temperature=args.temperature, batch_size=args.batch_size, seed=args.seed,
+                                 max_documents=args.max_documents, prompt_text_column=args.prompt_text_column)
     if args.kind == "lm":
         model = lm_from_documents(documents, target, args.order)
     else:

@@ -137,11 +137,13 @@ def self_written_prompts(target: LoadedModel, n: int, max_tokens: int = 64, temp
 def corpus_documents(target: LoadedModel, text: list[str] | None = None, text_column: str = "text",
                      prompts: str | None = None, prompt_limit: int | None = None, prompt_tokens: int = 64,
                      generation_tokens: int = 128, temperature: float = 0.7, batch_size: int = 16,
-                     seed: int = 0, openers: list[str] | None = None, max_documents: int | None = None) -> list[list[int]]:
+                     seed: int = 0, openers: list[str] | None = None, max_documents: int | None = None,
+                     prompt_text_column: str = "turns") -> list[list[int]]:
     """Token documents from text data sets and/or the target's answers on a prompt set.
 
     prompts: 'self' (the target writes them, starting with `openers` if given), 'mt_bench', any
-    prompt data set, or None. max_documents: the first N documents of each text data set (None: all).
+    prompt data set (its turns in `prompt_text_column`), or None. max_documents: the first N
+    documents of each text data set (None: all).
     """
     if openers and prompts != "self":
         raise UserInputError(f"corpus openers apply to prompts=self only (the target writing the user turns); "
@@ -154,7 +156,7 @@ def corpus_documents(target: LoadedModel, text: list[str] | None = None, text_co
     elif prompts == "mt_bench":
         prompt_set = mt_bench(limit=prompt_limit, seed=seed)
     elif prompts:
-        prompt_set = prompts_from_dataset(prompts, text_column="turns", limit=prompt_limit, seed=seed)
+        prompt_set = prompts_from_dataset(prompts, text_column=prompt_text_column, limit=prompt_limit, seed=seed)
     if prompts:
         documents += generated_documents(target, prompt_set, generation_tokens, SamplingConfig(temperature=temperature),
                                          batch_size=batch_size, seed=seed)
