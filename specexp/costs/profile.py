@@ -194,14 +194,15 @@ def measure_target(forward, batch_size: int, max_tokens: int, context_lengths: l
         mask = torch.ones(batch_size, length, dtype=torch.long, device=device)
         kv = new_ragged_kv(forward, batch_size, device, capacity=length + max_tokens)
         prompt_times = []
-        for _ in range(max(2, repeats // 3) + 1):
+        turns = max(2, repeats // 3) + 1
+        for turn in range(turns):
             _sync(device)
             start = time.perf_counter()
             logits_to_probs(kv.forward(forward, ids[:, :length], mask, logits_to_keep=1), sampling)
             _sync(device)
             prompt_times.append(time.perf_counter() - start)
-            kv.drop_last(torch.full((batch_size,), length, device=device))
-        kv.forward(forward, ids[:, :length], mask, logits_to_keep=1)  # the context every pass attends to
+            if turn < turns - 1:  # the last one stays: the context every pass below attends to
+                kv.drop_last(torch.full((batch_size,), length, device=device))
         times = {n: [] for n in range(1, max_tokens + 1)}
         for repeat in range(repeats + 1):
             for n in range(1, max_tokens + 1):
