@@ -120,11 +120,12 @@ def test_bad_input_is_one_line_error_and_nothing_written(case, bad_input_runs):
 @pytest.mark.default_target
 def test_default_study_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
-    # the default profile (its three context lengths), a fifth of its turns per timing: the same code;
+    # the default profile's code (every K timed, none interpolated) at two context lengths, one turn
+    # per timing and 8-token decodes (cold, one thread: 9 s; at the default's 1024 too, 25-36 s);
     # the default timing passes within a few seconds (how many depends on this machine's noise);
     # in a new interpreter, as the README's first command runs it
-    out = run_module("specexp", "data.limit=2", "max_new_tokens=12", "profile.repeats=3", "timing.budget_s=4",
-                     f"hydra.run.dir={run_dir}", fresh=True)
+    out = run_module("specexp", "data.limit=2", "max_new_tokens=12", "profile.context_lengths=[64,256]", "profile.repeats=1",
+                     "profile.new_tokens=8", "timing.budget_s=4", f"hydra.run.dir={run_dir}", fresh=True)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",

@@ -78,7 +78,7 @@ def test_ngram_drafts_run_with_no_options_on_the_default_target(tmp_path, corpus
         run = tmp_path / draft
         # a fixed K, unpriced: drafting happens whatever this machine's costs say
         out = run_specexp(f"draft={draft}", "draft.k=4", "size=smoke", "profile.enabled=false", "data.limit=2",
-                          "max_new_tokens=24", *corpus_overrides, f"hydra.run.dir={run}", timeout=1200)
+                          "max_new_tokens=12", *corpus_overrides, f"hydra.run.dir={run}", timeout=1200)
         assert out.returncode == 0, out.stderr[-3000:]
         summary = json.loads((run / "summary.json").read_text())
         assert summary["greedy_match"] == 1.0, draft

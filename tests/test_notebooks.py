@@ -29,8 +29,6 @@ def run(module: str, *args: str) -> None:
 
 SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook needs to draw
     # (a sweep given on the command line replaces the experiment's for that key)
-    # a draft of each kind (lookup, small LM, feature head): the smoke k_sweep runs every one of the experiment's
-    "draft_compare": ["experiment=draft_compare", "size=smoke", "data=mt_bench", "draft=prompt_lookup,distilled,eagle"],
     "temperature_sweep": ["experiment=temperature_sweep", "size=smoke", "sampling.temperature=0.0,0.7",
                           "draft=prompt_lookup"],
     # a fixed K, unpriced: a profile per batch size is not what the notebook draws
@@ -38,7 +36,10 @@ SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook
     "prompt_sets": ["experiment=prompt_sets", "size=smoke", "draft=prompt_lookup"],
 }
 SHARED_SWEEPS = {  # sweeps other tests check too, made once per test run (tests/conftest.py); their tests share a worker
-    "k_sweep": "smoke_k_sweep", "tree_sweep": "smoke_tree_sweep", "pairing": "smoke_pairing_sweep"}
+    "k_sweep": "smoke_k_sweep", "tree_sweep": "smoke_tree_sweep", "pairing": "smoke_pairing_sweep",
+    # the experiment's drafts on MT-bench at K = 1, 2, auto: its own smoke run, cut to one set and a
+    # draft of each kind, was three of these jobs again under another name
+    "draft_compare": "smoke_k_sweep"}
 
 
 @pytest.fixture(scope="session")
