@@ -37,8 +37,8 @@ SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook
 }
 SHARED_SWEEPS = {  # sweeps other tests check too, made once per test run (tests/conftest.py); their tests share a worker
     "k_sweep": "smoke_k_sweep", "tree_sweep": "smoke_tree_sweep", "pairing": "smoke_pairing_sweep",
-    # the experiment's drafts on MT-bench at K = 1, 2, auto: its own smoke run, cut to one set and a
-    # draft of each kind, was three of these jobs again under another name
+    # five of the experiment's six drafts on MT-bench at K = 1, 2, auto: its own smoke run (cut to
+    # MT-bench and a draft of each kind) repeated three of these jobs under another name
     "draft_compare": "smoke_k_sweep"}
 
 

@@ -165,7 +165,7 @@ def test_failing_wandb_keeps_local_results_and_the_job(tmp_path):
 
 
 def test_a_wandb_run_that_cannot_start_is_a_warning_and_logs_nothing(caplog):
-    """W&B refusing its settings takes the study's path above (an unwritable folder): the run is
+    """W&B refusing its settings fails where an unwritable folder does (the study above): the run is
     dropped with a warning, and logging to it is a no-op."""
     from specexp.study.tracking import WandbTracker
 
