@@ -237,7 +237,7 @@ def tiny_local_target(folder: Path) -> None:
 
     model_dir, conf = folder / "tiny_target", folder / "conf" / "target"
     tokenizer = load_embedded_target().tokenizer
-    model = tiny_model(7, layers=TINY_LOCAL_LAYERS, vocab_size=len(tokenizer)).model.to(torch.float32)
+    model = tiny_model(7, layers=TINY_LOCAL_LAYERS, vocab_size=len(tokenizer), dtype=torch.float32).model
     model.config.eos_token_id, model.config.max_position_embeddings = tokenizer.eos_token_id, 2048
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
@@ -278,6 +278,5 @@ def sharp_pair():
     from specexp.distill.data import token_blocks
     from tests.distilling import target_documents
 
-    target = tiny_model(0, layers=2, vocab_size=64, scale=10.0)
-    target.model.float()
+    target = tiny_model(0, layers=2, vocab_size=64, scale=10.0, dtype=torch.float32)
     return target, token_blocks(target_documents(target), EOS, 32)

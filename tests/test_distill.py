@@ -32,8 +32,7 @@ TINY_STUDENT = dict(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, i
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    target = tiny_model(0, layers=2, vocab_size=64, scale=3.0)
-    target.model.float()
+    target = tiny_model(0, layers=2, vocab_size=64, scale=3.0, dtype=torch.float32)
     return target, token_blocks(target_documents(target), EOS, 32)
 
 
@@ -90,8 +89,7 @@ def test_on_policy_mix_follows_the_ratio_and_repeats():
 
 
 def test_reduced_vocabulary_student_trains_and_exports_as_an_exact_draft(tmp_path):
-    target = tiny_model(0, layers=2, vocab_size=64, scale=8.0)  # sharp enough for 48 tokens to matter
-    target.model.float()
+    target = tiny_model(0, layers=2, vocab_size=64, scale=8.0, dtype=torch.float32)  # sharp enough for 48 tokens to matter
     blocks = token_blocks(target_documents(target), EOS, 32)
     vocab = DraftVocab(frequent_tokens(documents_from_blocks(blocks), 48, [EOS]), target.vocab_size, "vocab_size=64")
     with torch.no_grad():  # the best a draft on these tokens can do: TVD >= P(token outside them)
