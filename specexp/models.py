@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -137,7 +137,19 @@ def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", ggu
 # next job. The tokenizer is shared as it is: nothing in specexp changes a loaded tokenizer.
 REUSED_MODELS = 2  # models kept (least recently loaded dropped first): a sweep's target and its model draft
 REUSED_MAX_BYTES = 2**31  # larger models are loaded every time: keeping them would hold their memory between jobs
-_reused: OrderedDict[tuple, tuple[PreTrainedModel, PreTrainedTokenizerBase | None]] = OrderedDict()
+
+
+@dataclass
+class KeptLoad:
+    """A load kept for the process's next ones, and what jobs made from its weights (derived_from_kept)."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
+    weights: set[tuple] = field(default_factory=set)  # tensor_identity of each of its parameters and buffers
+    derived: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (what, the sources' identities) -> result
+
+
+_reused: OrderedDict[tuple, KeptLoad] = OrderedDict()
 
 
 def reuse_key(folder: Path, gguf_file: str | None, dtype: torch.dtype, device: torch.device) -> tuple:
@@ -146,6 +158,12 @@ def reuse_key(folder: Path, gguf_file: str | None, dtype: torch.dtype, device: t
     read = [f for f in folder.iterdir() if f.is_file()] if folder.is_dir() else [folder]
     files = tuple(sorted((f.name, stat.st_size, stat.st_mtime_ns) for f in read for stat in [f.stat()]))
     return str(folder.resolve()), gguf_file, str(dtype), str(device), files
+
+
+def tensor_identity(tensor: torch.Tensor) -> tuple:
+    """The memory a tensor reads and how, and its count of in-place writes (shared with every alias):
+    a later load's Parameters over a kept tensor have the kept one's identity until either is written."""
+    return tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device, tensor._version
 
 
 def own_modules(model: PreTrainedModel) -> PreTrainedModel:
@@ -162,20 +180,36 @@ def reused(key: tuple | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase 
     if key is None or key not in _reused:
         return None
     _reused.move_to_end(key)
-    model, tokenizer = _reused[key]
-    return own_modules(model), tokenizer
+    kept = _reused[key]
+    return own_modules(kept.model), kept.tokenizer
 
 
 def keep_for_reuse(key: tuple | None, model: PreTrainedModel,
                    tokenizer: PreTrainedTokenizerBase | None) -> PreTrainedModel:
     """The model to hand out: a copy of its modules when the model is kept for later loads."""
-    size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    if key is None or size > REUSED_MAX_BYTES:
+    tensors = [*model.parameters(), *model.buffers()]
+    if key is None or sum(t.numel() * t.element_size() for t in tensors) > REUSED_MAX_BYTES:
         return model
-    _reused[key] = model, tokenizer
+    _reused[key] = KeptLoad(model, tokenizer, weights={tensor_identity(t) for t in tensors})
     while len(_reused) > REUSED_MODELS:
         _reused.popitem(last=False)
     return own_modules(model)
+
+
+def derived_from_kept(what: str, sources: list[torch.Tensor], derive: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``derive()``, a tensor made from ``sources`` and never written into: made once while the sources
+    are a kept load's own tensors (the next job's modules read the same ones, so it gets the first job's
+    result; the lean runtime's fused projections are ~280 MB per SmolLM2 job, most of what a sweep's
+    jobs wrote to fresh memory), and afresh for any others. Kept as long as the load is; made as a
+    plain tensor whatever mode the first job ran in (an inference tensor would fail a later job that trains)."""
+    identities = tuple(map(tensor_identity, sources))
+    for kept in _reused.values():
+        if kept.weights.issuperset(identities):
+            if (what, identities) not in kept.derived:
+                with torch.inference_mode(False), torch.no_grad():
+                    kept.derived[what, identities] = derive()
+            return kept.derived[what, identities]
+    return derive()
 
 
 def cache_root() -> Path:
@@ -260,7 +294,8 @@ def load_embedded_gemma3(dtype: str = "auto", device: str = "auto") -> LoadedMod
 
 
 def first_layers(target: LoadedModel, n_layers: int) -> LoadedModel:
-    """A same-vocabulary draft: the target's first n layers, its final norm and LM head (a copy)."""
+    """A same-vocabulary draft: the target's first n layers, its final norm and LM head, over the target's
+    own weight tensors (nothing writes into a loaded model's weights; its modules are its own)."""
     config = target.model.config.__class__.from_dict(target.model.config.to_dict())
     total = config.get_text_config().num_hidden_layers
     if not 1 <= n_layers < total:
@@ -268,14 +303,14 @@ def first_layers(target: LoadedModel, n_layers: int) -> LoadedModel:
     config.num_hidden_layers = n_layers
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:n_layers]
-    with torch.device("meta"):  # no random initialisation of weights that are copied in next (~0.6 s for SmolLM2)
+    with torch.device("meta"):  # no random initialisation of weights that are assigned next (~0.6 s for SmolLM2)
         draft = AutoModelForCausalLM.from_config(config, dtype=target.model.dtype)
     weights, buffers = target.model.state_dict(), dict(target.model.named_buffers())
-    draft.load_state_dict({name: weights[name].clone() for name in draft.state_dict()}, assign=True)
+    draft.load_state_dict({name: weights[name] for name in draft.state_dict()}, assign=True)
     for name, buffer in list(draft.named_buffers()):  # the ones a state dict leaves out (rotary frequencies)
         if buffer.is_meta:
             owner, _, attribute = name.rpartition(".")
-            setattr(draft.get_submodule(owner), attribute, buffers[name].clone())
+            setattr(draft.get_submodule(owner), attribute, buffers[name])
     if config.get_text_config().tie_word_embeddings:
         draft.tie_weights()
     draft.generation_config = target.model.generation_config

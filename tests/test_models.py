@@ -36,6 +36,28 @@ def test_a_folder_loaded_again_shares_its_weights_but_not_what_a_job_did_to_its_
     assert second.model.embed_tokens.weight is not first.model.embed_tokens.weight
 
 
+def test_a_kept_loads_fused_projections_are_made_once_and_a_written_weight_is_fused_afresh(tmp_path):
+    """The lean runtime's fused q/k/v of a kept load: the next load's decoder reads the first one's (no
+    new memory per sweep job) and decodes as transformers' forward; a weight written in place since
+    (nothing in specexp does) no longer matches the kept one, so its fusion is made anew."""
+    from specexp.runtime.decoder import LeanDecoder
+
+    tiny_model(0).model.save_pretrained(tmp_path / "m")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    loads = [load_model(str(tmp_path / "m"), dtype="float64", device="cpu").model for _ in range(3)]
+    expected = loads[0](ids).logits[:, -1]
+    fused = [LeanDecoder(model).layers[0].qkv.weight for model in loads[:2]]
+    assert fused[0].data_ptr() == fused[1].data_ptr()
+    attention = loads[1].model.layers[0].self_attn
+    assert attention.k_proj.weight.data_ptr() == fused[0][attention.q_proj.out_features:].data_ptr()  # views of it
+    torch.testing.assert_close(LeanDecoder(loads[1])(ids, logits_to_keep=1).logits[:, -1], expected, rtol=0, atol=1e-12)
+    with torch.no_grad():
+        loads[2].model.layers[0].self_attn.q_proj.weight.mul_(2.0)  # the kept tensor itself: every load's weights change
+    written = LeanDecoder(loads[2]).layers[0].qkv.weight
+    assert written.data_ptr() != fused[0].data_ptr()
+    assert torch.equal(written[: attention.q_proj.out_features], loads[2].model.layers[0].self_attn.q_proj.weight)
+
+
 def test_a_folder_saved_again_or_a_model_too_large_to_keep_is_loaded_afresh(tmp_path, monkeypatch):
     tiny_model(0).model.save_pretrained(tmp_path / "m")
     before = load_model(str(tmp_path / "m"), dtype="float64", device="cpu").model.lm_head.weight
@@ -103,7 +125,7 @@ def test_preparing_studies_leaves_the_kept_weights_as_loaded():
     from specexp.study.run import prepare
 
     load_embedded_target("float32", "cpu")
-    kept = next(model for key, (model, _) in models._reused.items() if key[0].endswith(EMBEDDED_NAME))
+    kept = next(load.model for key, load in models._reused.items() if key[0].endswith(EMBEDDED_NAME))
     before = {name: tensor.clone() for name, tensor in kept.state_dict().items()}
     for draft in (["draft=target_prefix", "draft.quantize=int8"], ["draft=early_exit"], ["draft=eagle"],
                   ["draft=distilled", "draft.quantize=int8"]):
@@ -112,3 +134,6 @@ def test_preparing_studies_leaves_the_kept_weights_as_loaded():
                                                "dtype=float32", "device=cpu"])
         prepare(cfg)
     assert all(torch.equal(before[name], tensor) for name, tensor in kept.state_dict().items())
+    for layer in kept.model.layers:  # and the fused projections the jobs shared still hold the kept weights
+        mlp = [layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]
+        assert torch.equal(models.derived_from_kept("fused", mlp, lambda: None), torch.cat(mlp))

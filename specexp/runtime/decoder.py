@@ -6,9 +6,9 @@ outside the products (4-D mask construction, kwargs routing through decorated mo
 records) against an 11 ms weight-reading floor on a 2-core CPU. This forward calls the model's
 own embedding, norms, rotary embedding, output projections, MLP activation and LM head, and does
 the rest itself: one GEMM for q/k/v and one for gate/up (`fuse_projections`: the original
-weights become views of the fused ones, so nothing is stored twice and transformers' forward
-still works on the same model), one SDPA call per layer, and the cache's ``update`` (a
-`core.kv.StaticRaggedKV` or a transformers Cache).
+weights become views of the fused ones, so a model holds each weight once and transformers'
+forward still works on it; a kept load's fused weights serve every later load of it), one SDPA
+call per layer, and the cache's ``update`` (a `core.kv.StaticRaggedKV` or a transformers Cache).
 
 It is split at any layer (early exit runs layers [0, L) as a draft and [L, N) to verify, over
 one shared cache) and taps chosen layers' hidden states (drafts that read the target's
@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 
 from specexp.core.masks import attention_mask_4d, key_positions, windowed
 from specexp.errors import UserInputError
-from specexp.models import spread_over_devices
+from specexp.models import derived_from_kept, spread_over_devices
 from specexp.runtime.int8 import Int8WeightLinear
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
@@ -87,15 +87,18 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
     """One Linear computing ``cat([l(x) for l in linears], -1)``. Each original's weight (and bias)
-    becomes a view of the fused one: the same memory, so both forwards read the same numbers."""
-    weight = torch.cat([lin.weight for lin in linears])  # [sum(out), in]
+    becomes a view of the fused one: the same memory, so both forwards read the same numbers. The
+    fused weights of a kept load's projections are made once for all of a sweep's jobs."""
+    weight = derived_from_kept("fused", [lin.weight for lin in linears],
+                               lambda: torch.cat([lin.weight for lin in linears]))  # [sum(out), in]
     has_bias = linears[0].bias is not None
     # on the meta device: a random initialisation of the fused weight, only to replace it, cost
     # about a second per model load
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device="meta")
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if has_bias:
-        fused.bias = nn.Parameter(torch.cat([lin.bias for lin in linears]), requires_grad=False)
+        bias = derived_from_kept("fused", [lin.bias for lin in linears], lambda: torch.cat([lin.bias for lin in linears]))
+        fused.bias = nn.Parameter(bias, requires_grad=False)
     start = 0
     for lin in linears:
         stop = start + lin.out_features
