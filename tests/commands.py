@@ -14,15 +14,21 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 OFFLINE_WANDB = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-PER_TEST = ("PYTEST_CURRENT_TEST",)  # set by pytest for each test: not part of a command's environment
+# What pytest and libraries set in a test process's environment as their own state, not a user's setting, so
+# not part of a command's: the test's name (pytest), the seed of seed_everything (Lightning), the address of a
+# function compiled kernels call (inductor), the port of the service a run started (W&B). Counted in, one
+# in-process fit or compile sent each later command of that worker to a new interpreter (48 in a run).
+PROCESS_STATE = ("PYTEST_CURRENT_TEST", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+                 "WANDB_SERVICE")
 
 
 def default_env() -> dict[str, str]:
-    return {k: v for k, v in {**os.environ, **OFFLINE_WANDB}.items() if k not in PER_TEST}
+    return {k: v for k, v in {**os.environ, **OFFLINE_WANDB}.items() if k not in PROCESS_STATE}
 
 
 class CommandServer:
@@ -78,11 +84,20 @@ def run_module(module: str, *args: str, timeout: int = 600, env: dict | None = N
                fresh: bool = False) -> subprocess.CompletedProcess:
     """``env``: the command's whole environment (default: this process's, W&B offline).
     ``fresh``: in a new interpreter even where the shared one would do."""
+    if env is None and not fresh and (changed := changed_since_start(default_env())):
+        warnings.warn(f"`python -m {module}` runs in a new interpreter (~6 s of imports): this process's environment "
+                      f"changed since its command server started ({', '.join(changed)})", stacklevel=2)
     env = default_env() if env is None else env
     if fresh or env != command_server().env:
         return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
                               timeout=timeout, env=env)
     return command_server().run(module, list(args), timeout)
+
+
+def changed_since_start(env: dict[str, str]) -> list[str]:
+    """The variables in which ``env`` differs from the command server's."""
+    started = command_server().env
+    return sorted(k for k in env.keys() | started.keys() if env.get(k) != started.get(k))
 
 
 def run_specexp(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
