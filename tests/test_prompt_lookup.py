@@ -1,5 +1,6 @@
 """Prompt lookup: the incremental index equals a brute-force scan; proposals are one-hot."""
 
+import json
 from collections import Counter
 
 import pytest
@@ -13,6 +14,7 @@ from specexp.drafts.base import trie
 from specexp.drafts.context_index import ContextIndex
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.errors import UserInputError
+from tests.commands import run_specexp
 
 
 def brute_force(seq: list[int], max_n: int, min_n: int, k: int, choice: str, max_candidates: int = 64):
@@ -155,14 +157,7 @@ def test_bad_branches_are_refused(target, k, branches, message):
 def test_a_tree_study_runs_from_the_cli_and_decodes_as_the_target(tmp_path):
     """`python -m specexp draft=prompt_lookup draft.k=8 draft.branches=3` on the embedded default:
     every answer identical to the target's own, some tree nodes accepted."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    out = subprocess.run([sys.executable, "-m", "specexp", "size=smoke", "draft=prompt_lookup", "draft.k=8",
-                          "draft.branches=3", f"hydra.run.dir={tmp_path}"], cwd=Path(__file__).parent.parent,
-                         capture_output=True, text=True, timeout=600)
+    out = run_specexp("size=smoke", "draft=prompt_lookup", "draft.k=8", "draft.branches=3", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["greedy_match"] == 1.0 and summary["tau"] > 1.0
