@@ -84,10 +84,11 @@ def run_module(module: str, *args: str, timeout: int = 600, env: dict | None = N
                fresh: bool = False) -> subprocess.CompletedProcess:
     """``env``: the command's whole environment (default: this process's, W&B offline).
     ``fresh``: in a new interpreter even where the shared one would do."""
-    if env is None and not fresh and (changed := changed_since_start(default_env())):
-        warnings.warn(f"`python -m {module}` runs in a new interpreter (~6 s of imports): this process's environment "
-                      f"changed since its command server started ({', '.join(changed)})", stacklevel=2)
-    env = default_env() if env is None else env
+    if env is None:
+        env = default_env()
+        if not fresh and (changed := changed_since_start(env)):
+            warnings.warn(f"`python -m {module}` runs in a new interpreter (~6 s of imports): this process's "
+                          f"environment changed since its command server started ({', '.join(changed)})", stacklevel=2)
     if fresh or env != command_server().env:
         return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
                               timeout=timeout, env=env)

@@ -89,16 +89,16 @@ def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
     """One Linear computing ``cat([l(x) for l in linears], -1)``. Each original's weight (and bias)
     becomes a view of the fused one: the same memory, so both forwards read the same numbers. The
     fused weights of a kept load's projections are made once for all of a sweep's jobs."""
-    weight = derived_from_kept("fused", [lin.weight for lin in linears],
-                               lambda: torch.cat([lin.weight for lin in linears]))  # [sum(out), in]
+    weights = [lin.weight for lin in linears]
+    weight = derived_from_kept("fused", weights, lambda: torch.cat(weights))  # [sum(out), in]
     has_bias = linears[0].bias is not None
     # on the meta device: a random initialisation of the fused weight, only to replace it, cost
     # about a second per model load
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device="meta")
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if has_bias:
-        bias = derived_from_kept("fused", [lin.bias for lin in linears], lambda: torch.cat([lin.bias for lin in linears]))
-        fused.bias = nn.Parameter(bias, requires_grad=False)
+        biases = [lin.bias for lin in linears]
+        fused.bias = nn.Parameter(derived_from_kept("fused", biases, lambda: torch.cat(biases)), requires_grad=False)
     start = 0
     for lin in linears:
         stop = start + lin.out_features
