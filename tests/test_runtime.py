@@ -2,6 +2,7 @@
 exactly as before, and a machine's plan is measured once and then read back."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,24 @@ def test_the_plan_is_measured_once_per_machine_then_read(tmp_path, monkeypatch):
     again = apply_plan(tiny_model(1, layers=1).model.float(), MatmulPlans(tmp_path, torch.device("cpu")), [1, 2, 3, 4])
     assert sorted(calls) == sorted((key, 4) for key in shapes)
     assert {k: {m: c for m, c in v.items() if m < 4} for k, v in again["choices"].items()} == record["choices"]
+
+
+def test_a_formulation_far_slower_at_screening_is_timed_no_further():
+    calls = {"quick": 0, "close": 0, "slow": 0}
+
+    def taking(name, seconds):
+        def fn(x, w):
+            calls[name] += 1
+            time.sleep(seconds)
+            return x @ w.T
+        return fn
+
+    # "close" is as quick as "quick" (its fastest call within 1.25x of the best median); "slow" takes 3x as long
+    candidates = {"quick": taking("quick", 0.03), "close": taking("close", 0.03), "slow": taking("slow", 0.1)}
+    medians = matmul.time_formulations(torch.zeros(4, 4), 1, repeats=5, copies=[torch.zeros(4, 4)] * 2,
+                                       screen=2, margin=1.25, formulations=candidates)
+    assert set(medians) == {"quick", "close"} and calls == {"quick": 6, "close": 6, "slow": 3}  # warm-up + turns
+    assert 0.03 <= medians["quick"] < 0.1
 
 
 def test_runtime_settings_are_checked_and_recorded(tmp_path, monkeypatch):

@@ -42,10 +42,10 @@ def _w_xt_pad(x: torch.Tensor, w: torch.Tensor, multiple: int = 0) -> torch.Tens
     return (w @ padded.T).T[:m].contiguous()
 
 
-# x [m, in], w [out, in] -> x w^T [m, out]
+# x [m, in], w [out, in] -> x w^T [m, out]. (`x @ w.T` is not among them: without a bias F.linear is
+# that very call, aten::matmul on the transposed weight, so timing both only timed one kernel twice.)
 FORMULATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "linear": lambda x, w: F.linear(x, w),
-    "x_wt": lambda x, w: x @ w.T,
     "w_xt": _w_xt,
     "w_xt_pad": _w_xt_pad,
     "w_xt_pad4": partial(_w_xt_pad, multiple=4),
@@ -88,7 +88,7 @@ def shape_key(weight: torch.Tensor) -> str:
     return f"{out_features}x{in_features}:{str(weight.dtype).removeprefix('torch.')}"
 
 
-PLAN_METHOD = "cold-weights-median-v1"  # changes to how plans are measured invalidate cached plans
+PLAN_METHOD = "cold-weights-median-screened-v2"  # changes to how plans are measured invalidate cached plans
 COLD_BYTES = 256 * 2**20  # more than any last-level cache: each timed call reads its weights from memory
 
 
@@ -100,28 +100,35 @@ def cold_copies(weight: torch.Tensor) -> list[torch.Tensor]:
     return [weight.detach().clone() for _ in range(n_copies)]
 
 
-def time_formulations(weight: torch.Tensor, rows: int, repeats: int = 7,
-                      copies: list[torch.Tensor] | None = None) -> dict[str, float]:
-    """Median seconds of each formulation for x [rows, in] against a weight of ``weight``'s shape,
-    read cold (the calls cycle through ``copies``, default ``cold_copies(weight)``). The candidates
-    take turns, so drift on a shared machine hits them alike."""
+def time_formulations(weight: torch.Tensor, rows: int, repeats: int = 7, copies: list[torch.Tensor] | None = None,
+                      screen: int = 2, margin: float = 1.25,
+                      formulations: dict[str, Callable] = FORMULATIONS) -> dict[str, float]:
+    """Median seconds of the formulations in the running for x [rows, in] against a weight of
+    ``weight``'s shape, read cold (the calls cycle through ``copies``, default ``cold_copies(weight)``).
+    The candidates take turns, so drift on a shared machine hits them alike. After ``screen`` turns a
+    candidate whose fastest call took over ``margin`` times the best median is out (and not in the
+    answer): it could only win the final medians by a fluke, and the slow candidates are where the
+    time went (the lm head's [49152 x 576] at 1 row: padding to 16 rows takes 4x the best)."""
     g = torch.Generator(device=weight.device).manual_seed(0)
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device, generator=g)
     copies = copies or cold_copies(weight)
     n_copies = len(copies)
     sync = torch.cuda.synchronize if weight.device.type == "cuda" else (lambda: None)
-    times: dict[str, list[float]] = {name: [] for name in FORMULATIONS}
+    times: dict[str, list[float]] = {name: [] for name in formulations}
     calls = 0
     with torch.inference_mode():
-        for fn in FORMULATIONS.values():  # warm-up: first calls allocate and pick kernels
+        for fn in formulations.values():  # warm-up: first calls allocate and pick kernels
             fn(x, copies[0])
-        for _ in range(repeats):
-            for name, fn in FORMULATIONS.items():
+        for turn in range(repeats):
+            if turn == screen > 0:
+                best = min(statistics.median(ts) for ts in times.values())
+                times = {name: ts for name, ts in times.items() if min(ts) <= margin * best}
+            for name in times:
                 w = copies[calls % n_copies]
                 calls += 1
                 sync()
                 start = time.perf_counter()
-                fn(x, w)
+                formulations[name](x, w)
                 sync()
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
