@@ -39,6 +39,18 @@ def test_round_rows_cover_every_batch_and_proposal_length():
     assert round_rows(2, 1) == [1, 2, 4]
 
 
+def test_a_run_plans_the_passes_a_profile_times_only_where_it_may_measure_one():
+    from omegaconf import OmegaConf
+
+    from specexp.study.run import planned_rows
+
+    def settings(enabled, path=None):
+        return OmegaConf.create({"batch_size": 2, "profile": {"enabled": enabled, "path": path}})
+
+    assert planned_rows(settings(False), 4) == planned_rows(settings(True, "given.json"), 4) == [1, 2, 3, 4, 5, 6, 8, 10]
+    assert planned_rows(settings(True), 4) == round_rows(2, 8)  # T(n) up to n = 9 (PROFILED_K = 8)
+
+
 @pytest.mark.parametrize("name", FORMULATIONS)
 def test_a_planned_target_decodes_exactly_as_before(name, prompts):
     """Every Linear forced to one formulation: the same greedy tokens, alone and speculative,

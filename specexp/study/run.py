@@ -81,8 +81,7 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
         raise UserInputError(f"target '{target.name}' has no tokenizer; a study needs one to encode its prompts")
     built = build_draft(cfg.draft, target)
     drafter = built.drafter
-    # Planned for every pass a profile times (K up to PROFILED_K), so a profile holds for any K a study runs.
-    runtime = instantiate(cfg.runtime).prepare(target, drafter, round_rows(cfg.batch_size, max(built.k_max, PROFILED_K)))
+    runtime = instantiate(cfg.runtime).prepare(target, drafter, planned_rows(cfg, built.k_max))
     encoded = encode_prompts(target.tokenizer, prompts, chat_template=cfg.chat_template)
     context = target.context_length
     for prompt, ids in zip(prompts, encoded, strict=False):
@@ -106,6 +105,14 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
     study.k_policy = make_policy(built.policy, study.profile, study.draft_name, drafter)
     study.k_setting = built.policy or "fixed"
     return study
+
+
+def planned_rows(cfg: DictConfig, k_max: int) -> list[int]:
+    """The row counts the matmul plan covers: this run's target passes (K up to k_max) and, where the
+    run may measure a profile, every pass a profile times (K up to PROFILED_K), so the profile holds
+    for any K a study runs. (Each row count new to the plan takes seconds to time.)"""
+    measures_profile = cfg.profile.enabled and cfg.profile.path is None
+    return round_rows(cfg.batch_size, max(k_max, PROFILED_K) if measures_profile else k_max)
 
 
 def study_profile(cfg: DictConfig, study: Study, force: bool = False) -> Profile | None:
