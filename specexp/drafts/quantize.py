@@ -57,7 +57,11 @@ def quantize_linears(model: nn.Module, scheme: str | None, rows: tuple[int, ...]
     if not chosen:
         return model
     if not in_place:
-        model = copy.deepcopy(model)  # never touch a model shared with the target (a tied head, draft=target)
+        # Never swap layers in a model shared with the target (a tied head, draft=target): a new module
+        # tree over the same tensors (the int8 layers only read their fp32 weights; nothing writes
+        # them), so neither the weights about to be replaced nor the embedding (the target's, for
+        # draft=target_prefix: 113 MB for SmolLM2) are copied each job.
+        model = copy.deepcopy(model, memo={id(t): t for t in (*model.parameters(), *model.buffers())})
     for name in chosen:
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)

@@ -6,6 +6,8 @@ runtime kernel: drafts choose it (`drafts/quantize.py`), matmul plans time it ag
 import torch
 from torch import nn
 
+from specexp.models import derived_from_kept
+
 KERNEL_K_MULTIPLE = 16  # the kernel needs in_features % 16 == 0 (others give NaN or crash)
 
 
@@ -21,7 +23,8 @@ class Int8WeightLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        weight, scales = int8_per_channel(linear.weight)
+        # a kept load's weights are quantized once per process (a sweep's next job reads the same)
+        weight, scales = derived_from_kept("int8", [linear.weight], lambda: int8_per_channel(linear.weight))
         self.register_buffer("weight", weight)  # [N, K] int8
         self.register_buffer("scales", scales.to(torch.bfloat16))  # [N]
         self.in_features, self.out_features = linear.in_features, linear.out_features
