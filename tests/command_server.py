@@ -75,5 +75,21 @@ def serve(reply_fd: int) -> None:
             reply.flush()
 
 
+def import_and_freeze() -> None:
+    """The libraries every command imports, imported before the first, and their objects moved out of
+    the collector's reach (gc.freeze: module-level objects live as long as the process anyway). A
+    full collection here then scans what commands made, not ~400k objects of torch, transformers and
+    Hydra each time: it was 0.28 s a collection, 70 a server in a test run."""
+    import hydra  # noqa: F401
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    import specexp.cli  # noqa: F401
+    import specexp.study.run  # noqa: F401
+
+    gc.collect()
+    gc.freeze()
+
+
 if __name__ == "__main__":
+    import_and_freeze()
     serve(int(sys.argv[1]))
