@@ -19,7 +19,7 @@ out_dir=benchmarks/gpu_check
 mkdir -p "$out_dir" multirun/gpu_check
 stem="$out_dir/$day-$(echo "$card" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-')"
 record="$stem.md"
-for n in 2 3 4 5 6 7 8 9; do [ -e "$record" ] || break; record="$stem-$n.md"; done  # a day's earlier runs stay
+n=2; while [ -e "$record" ]; do record="$stem-$n.md"; n=$((n + 1)); done  # a day's earlier runs stay (a tenth too)
 export WANDB_MODE=offline PYTHONUNBUFFERED=1
 
 {

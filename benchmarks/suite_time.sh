@@ -19,7 +19,7 @@ out_dir=benchmarks/suite_time
 mkdir -p "$out_dir"
 stem="$out_dir/$day-$(echo "$cpu family $family model $model" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-' | sed 's/-$//')"
 record="$stem.md"
-for n in 2 3 4 5 6 7 8 9; do [ -e "$record" ] || break; record="$stem-$n.md"; done  # earlier runs stay
+n=2; while [ -e "$record" ]; do record="$stem-$n.md"; n=$((n + 1)); done  # earlier runs stay (a tenth too)
 log=$(mktemp)
 if $cold; then
   export SPECEXP_CACHE="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)"
