@@ -148,7 +148,7 @@ class KeptLoad:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None
     weights: set[tuple] = field(default_factory=set)  # tensor_identity of each of its parameters and buffers
-    derived: dict[tuple, torch.Tensor] = field(default_factory=dict)  # (what, the sources' identities) -> result
+    derived: dict[tuple, object] = field(default_factory=dict)  # (what, the sources' identities) -> its tensor(s)
 
 
 _reused: OrderedDict[tuple, KeptLoad] = OrderedDict()
@@ -202,8 +202,9 @@ def derived_from_kept(what: str, sources: list[torch.Tensor], derive: Callable[[
     """``derive()``, tensors made from ``sources`` and never written into: made once while the sources
     are a kept load's own tensors (the next job's modules read the same ones, so it gets the first job's
     result; the lean runtime's fused projections are ~280 MB per SmolLM2 job, most of what a sweep's
-    jobs wrote to fresh memory; a draft's int8 weights), and afresh for any others. Kept as long as the load is; made as a
-    plain tensor whatever mode the first job ran in (an inference tensor would fail a later job that trains)."""
+    jobs wrote to fresh memory; a draft's int8 weights), and afresh for any others. Kept as long as
+    the load is; made as plain tensors whatever mode the first job ran in (an inference tensor would
+    fail a later job that trains)."""
     identities = tuple(map(tensor_identity, sources))
     for kept in _reused.values():
         if kept.weights.issuperset(identities):

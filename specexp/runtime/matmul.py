@@ -120,7 +120,7 @@ def time_formulations(weight: torch.Tensor, rows: int, repeats: int = 7, copies:
         for fn in formulations.values():  # warm-up: first calls allocate and pick kernels
             fn(x, copies[0])
         for turn in range(repeats):
-            if turn == screen > 0:
+            if screen and turn == screen:
                 best = min(statistics.median(ts) for ts in times.values())
                 times = {name: ts for name, ts in times.items() if min(ts) <= margin * best}
             for name in times:
