@@ -2,6 +2,7 @@
 
 import hashlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,6 +85,33 @@ def test_a_folder_saved_again_or_a_model_too_large_to_keep_is_loaded_afresh(tmp_
     tiny_model(2).model.save_pretrained(tmp_path / "big")
     loads = [load_model(str(tmp_path / "big"), dtype="float64", device="cpu").model for _ in range(2)]
     assert loads[0].lm_head.weight.data_ptr() != loads[1].lm_head.weight.data_ptr()
+
+
+def test_a_gguf_conversion_parses_the_file_once(tmp_path, monkeypatch):
+    """transformers' config and model loads each parse the GGUF (~3.6 s for SmolLM2's): inside
+    gguf_parsed_once one parse serves both, and the gguf module is as it was after."""
+    import gguf
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = str(tmp_path / "tiny.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(1), writer.add_embedding_length(8), writer.add_head_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    parses = []
+
+    class CountedReader(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parses.append(args)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountedReader)
+    with models.gguf_parsed_once():
+        configs = [load_gguf_checkpoint(path)["config"] for _ in range(2)]
+    assert len(parses) == 1 and configs[0] == configs[1] and configs[0]["num_hidden_layers"] == 1
+    assert gguf.GGUFReader is CountedReader
+    load_gguf_checkpoint(path)
+    assert len(parses) == 2  # outside it, each load parses again
 
 
 def test_missing_path_and_bad_dtype_are_clear(tmp_path):
