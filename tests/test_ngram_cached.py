@@ -1,6 +1,7 @@
 """Corpus drafts out of the box: `draft=ngram_lm` / `draft=retrieval` with no path build their
 file once per target into the cache, and every draft option that cannot be met is one line."""
 
+import copy
 import json
 import re
 import threading
@@ -14,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from specexp.cli import CONFIG_DIR, missing_value
 from specexp.costs.k_choice import build_draft
 from specexp.errors import UserInputError
-from specexp.ngram import cached
-from specexp.ngram.corpus import PACKAGED_TEXTS, packaged_text
+from specexp.ngram import cached, corpus
+from specexp.ngram.corpus import PACKAGED_TEXTS, packaged_text, vocab_fingerprint, vocab_hash
 from tests.commands import run_each, run_specexp
 from tests.conftest import build_ngram_files, tiny_model
 
@@ -57,6 +58,17 @@ def test_a_corpus_draft_is_built_once_per_target_and_corpus(default_target, tmp_
     documents = cached.cached_documents(default_target, corpus)
     assert sum(len(d) for d in documents) > 500 and all(documents)
     assert not list((tmp_path / "cache" / "ngram").glob("*.tmp*"))  # nothing half-written stays
+
+
+@pytest.mark.default_target
+def test_the_vocabulary_hash_is_kept_per_tokenizer_until_it_gains_tokens(default_target):
+    tokenizer = copy.deepcopy(default_target.tokenizer)  # the fixture's stays as loaded
+    first = vocab_fingerprint(default_target)
+    assert corpus._VOCAB_HASHES[default_target.tokenizer][1] in first
+    fresh = vocab_hash(tokenizer)
+    assert fresh in first and corpus._VOCAB_HASHES[tokenizer] == (len(tokenizer), fresh)
+    tokenizer.add_tokens(["<specexp-new-token>"])
+    assert vocab_hash(tokenizer) != fresh  # hashed again: another id space
 
 
 # The default corpus: the target writes 48 conversations (~3 min on a 2-core CPU, once per cache) on

@@ -5,12 +5,14 @@ turns the target may write itself. Documents are joined with the EOS token."""
 import hashlib
 import importlib.util
 import json
+import weakref
 from pathlib import Path
 
 import datasets
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
@@ -24,8 +26,21 @@ def vocab_fingerprint(target: LoadedModel) -> str:
     """Identifies the token-id space: a hash of the tokenizer's vocabulary (or its size)."""
     if target.tokenizer is None:
         return f"vocab_size={target.vocab_size}"
-    vocab = json.dumps(sorted(target.tokenizer.get_vocab().items())).encode()
-    return f"vocab_size={target.vocab_size}:sha256={hashlib.sha256(vocab).hexdigest()[:16]}"
+    return f"vocab_size={target.vocab_size}:sha256={vocab_hash(target.tokenizer)}"
+
+
+# tokenizer -> (its length, the hash): a feature head's load and an n-gram job each ask several times
+# for a hash that takes ~0.1 s (a 49k-token vocabulary, sorted and serialised); a tokenizer that gained
+# tokens is hashed again
+_VOCAB_HASHES: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, tuple[int, str]]" = weakref.WeakKeyDictionary()
+
+
+def vocab_hash(tokenizer: PreTrainedTokenizerBase) -> str:
+    size, kept = len(tokenizer), _VOCAB_HASHES.get(tokenizer)
+    if kept is None or kept[0] != size:
+        vocab = json.dumps(sorted(tokenizer.get_vocab().items())).encode()
+        kept = _VOCAB_HASHES[tokenizer] = size, hashlib.sha256(vocab).hexdigest()[:16]
+    return kept[1]
 
 
 def map_fingerprint(dataset: datasets.Dataset, *key: object) -> str:
