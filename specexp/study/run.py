@@ -111,8 +111,13 @@ def planned_rows(cfg: DictConfig, k_max: int) -> list[int]:
     """The row counts the matmul plan covers: this run's target passes (K up to k_max) and, where the
     run may measure a profile, every pass a profile times (K up to PROFILED_K), so the profile holds
     for any K a study runs. (Each row count new to the plan takes seconds to time.)"""
-    measures_profile = cfg.profile.enabled and cfg.profile.path is None
-    return round_rows(cfg.batch_size, max(k_max, PROFILED_K) if measures_profile else k_max)
+    return round_rows(cfg.batch_size, max(k_max, PROFILED_K) if measures_profile(cfg.profile) else k_max)
+
+
+def measures_profile(settings: DictConfig) -> bool:
+    """Whether a run prices with this machine's profile, measured where the cache lacks it (not with
+    the file at ``profile.path``, nor unpriced with ``profile.enabled=false``)."""
+    return settings.enabled and settings.path is None
 
 
 def study_profile(cfg: DictConfig, study: Study, force: bool = False) -> Profile | None:
@@ -121,7 +126,7 @@ def study_profile(cfg: DictConfig, study: Study, force: bool = False) -> Profile
     settings = cfg.profile
     if settings.path is not None:
         return load_profile(settings.path, study.draft_name if study.k_max > 0 else None)
-    if not settings.enabled:
+    if not measures_profile(settings):
         return None
     drafter = study.drafter if study.k_max > 0 else None  # a draft never asked needs no entry
     return ensure_profile(study.target, study.forward, study.runtime, drafter, study.draft_name,
