@@ -134,7 +134,7 @@ class FeatureDistillModule(DistillModule):
         loss = sum(p.weight * value for p, value in zip(predictions, losses, strict=True))
         for p, value in zip(predictions, losses, strict=True):
             self.log(f"train/loss_{p.name}", value)
-        if getattr(head, "feature_loss_weight", 0.0):
+        if head.feature_loss_weight:
             first = predictions[0]  # its hidden states stand in for the target's features at its positions
             n = first.hidden.shape[1]
             feature_loss = F.smooth_l1_loss(first.hidden.float(), features[:, first.first : first.first + n].float())

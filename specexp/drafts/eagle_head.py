@@ -121,7 +121,7 @@ class EagleHead(FeatureHead):
     def predictions(self, input_ids: torch.Tensor, features: torch.Tensor) -> list[Prediction]:
         """Per unrolled step j (``unroll_steps``, set by training): entries j-1.. predict the
         teacher's positions j.. (entry t reads features t and token t+1)."""
-        steps = self.unrolled(input_ids, features, getattr(self, "unroll_steps", 1))
+        steps = self.unrolled(input_ids, features, self.unroll_steps)
         return [Prediction(f"step{j}", logits[:, j - 1 :], j, 1 / len(steps), h[:, j - 1 :])
                 for j, (logits, h) in enumerate(steps, start=1)]
 

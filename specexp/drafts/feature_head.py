@@ -51,6 +51,9 @@ class FeatureHead(nn.Module):
 
     kind = "feature"  # names the head in messages and files: {kind}_head.json, {kind}_head.safetensors
     student = "eagle"  # the `python -m specexp.distill student=...` that trains one
+    # How training runs the head (specexp.distill.features.eagle_student sets them; a saved head keeps neither):
+    unroll_steps = 1  # EAGLE-3's training-time test: the steps it runs on its own outputs
+    feature_loss_weight = 0.0  # EAGLE-1/2's regression of its output on the target's features
 
     def __init__(self, target: LoadedModel, hidden_layers: tuple[int, ...], draft_vocab: DraftVocab | None):
         super().__init__()
