@@ -266,8 +266,9 @@ def test_shipped_distilled_draft_is_small_and_refuses_other_targets(tiny_pair):
     ("distilled", "nucleus"), ("distilled_confident", "greedy")])
 def test_shipped_distilled_draft_runs_exactly_on_the_default_target(tmp_path, draft, sampling):
     """On a CPU with int8 weights (quantize: auto); distilled_confident proposes up to 2 sure tokens.
-    At a fixed K = 2: the shipped k=auto may rationally draft nothing in a 16-token smoke run (its
-    cache fill would not pay), and this test is about the draft itself."""
+    At a fixed K = 2 and unpriced: the shipped k=auto may rationally draft nothing in a 16-token smoke
+    run (its cache fill would not pay), and this test is about the draft itself (a sampled study's
+    profile and K chosen by it: the temperature_sweep notebook's smoke sweep)."""
     from hydra import compose, initialize_config_dir
 
     from specexp.cli import CONFIG_DIR
@@ -275,7 +276,7 @@ def test_shipped_distilled_draft_runs_exactly_on_the_default_target(tmp_path, dr
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         assert compose(config_name="config", overrides=[f"draft={draft}"]).draft.k == "auto"  # as shipped
     out = run_specexp(f"draft={draft}", "draft.k=2", f"sampling={sampling}", "size=smoke", "data.limit=2",
-                      "max_new_tokens=16", f"hydra.run.dir={tmp_path}")
+                      "max_new_tokens=16", "profile.enabled=false", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["draft"] == "SmallLMDrafter" and summary["k_policy"] == "fixed" and summary["k"] == 2
