@@ -239,14 +239,7 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
         if speedup and predicted["predicted_speedup"] else None,
         # Leviathan et al.'s i.i.d. formula with alpha, c and the mean K (a verify pass priced as one AR step).
         "predicted_speedup_iid": metrics.predicted_speedup(a, mean_k, c),
-        "time_split": {  # seconds of the speculative run
-            "draft": float(spec_rounds["draft_s"].sum()),
-            # of it: re-encoding text between the two tokenizers (a cross-vocabulary draft; else 0)
-            "draft_reencode": float(spec_rounds["reencode_s"].sum()) if "reencode_s" in spec_rounds else 0.0,
-            "target": float(spec_rounds["target_s"].sum()),
-            "verify": float(spec_rounds["verify_s"].sum()),  # verify + commit + rewind bookkeeping
-            "prefill": float(first_spec["prefill_s"].sum()),
-        },
+        "time_split": time_split(spec_rounds, first_spec),  # seconds of the speculative run
         # mean seconds a drafted round spent re-encoding text (a cross-vocabulary draft's tokenizer tax)
         "reencode_ms_per_round": 1e3 * float(drafted_rounds["reencode_s"].mean())
         if "reencode_s" in drafted_rounds and len(drafted_rounds) else None,
@@ -257,18 +250,34 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
     }
     categories = sorted(c for c in rounds["category"].dropna().unique())
     if categories:
-        summary["per_category"] = {}
-        for cat in categories:
-            s, sb, ab = spec[spec["category"] == cat], spec_b[spec_b["category"] == cat], ar_b[ar_b["category"] == cat]
-            cat_tps_ar = metrics.safe_ratio(ab["tokens"].sum(), ab["total_s"].sum())
-            cat_tps_spec = metrics.safe_ratio(sb["tokens"].sum(), sb["total_s"].sum())
-            summary["per_category"][cat] = {
-                "alpha": metrics.alpha(metrics.positions(s), s["accepted"].to_numpy()),
-                "tau": metrics.tau(s["emitted"].to_numpy()),
-                # Only exact when batches never mix categories.
-                "speedup": metrics.safe_ratio(cat_tps_spec, cat_tps_ar) if cat_tps_ar and batches_by_category else None,
-            }
+        summary["per_category"] = {cat: category_metrics(spec, spec_b, ar_b, cat, batches_by_category) for cat in categories}
     return summary
+
+
+def time_split(spec_rounds: pd.DataFrame, first_spec: pd.DataFrame) -> dict[str, float]:
+    """Seconds of the speculative run by part: its rounds' (once per batch round) and its first pass's prefill."""
+    return {
+        "draft": float(spec_rounds["draft_s"].sum()),
+        # of it: re-encoding text between the two tokenizers (a cross-vocabulary draft; else 0)
+        "draft_reencode": float(spec_rounds["reencode_s"].sum()) if "reencode_s" in spec_rounds else 0.0,
+        "target": float(spec_rounds["target_s"].sum()),
+        "verify": float(spec_rounds["verify_s"].sum()),  # verify + commit + rewind bookkeeping
+        "prefill": float(first_spec["prefill_s"].sum()),
+    }
+
+
+def category_metrics(spec: pd.DataFrame, spec_b: pd.DataFrame, ar_b: pd.DataFrame, category: str,
+                     batches_by_category: bool) -> dict:
+    """alpha, tau and speedup of one prompt category (spec rounds; spec and AR batch timings)."""
+    s, sb, ab = (arm[arm["category"] == category] for arm in (spec, spec_b, ar_b))
+    tps_ar = metrics.safe_ratio(ab["tokens"].sum(), ab["total_s"].sum())
+    tps_spec = metrics.safe_ratio(sb["tokens"].sum(), sb["total_s"].sum())
+    return {
+        "alpha": metrics.alpha(metrics.positions(s), s["accepted"].to_numpy()),
+        "tau": metrics.tau(s["emitted"].to_numpy()),
+        # Only exact when batches never mix categories.
+        "speedup": metrics.safe_ratio(tps_spec, tps_ar) if tps_ar and batches_by_category else None,
+    }
 
 
 def _add_divergences(study: Study, indices: list[int], answers: list[dict]) -> None:
