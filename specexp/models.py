@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -250,22 +251,27 @@ def assembled_gemma3_gguf() -> Path:
     return out
 
 
+_GGUF_NAMES_SWAPPED = threading.Lock()  # held while gguf_parsed_once has them swapped
+
+
 @contextmanager
 def gguf_parsed_once() -> Iterator[None]:
     """Within it, transformers' GGUF loading parses a file once and names its tensors once per shape.
     Its config, tokenizer and model loads each parse the whole file again (~3.6 s for SmolLM2's 49k-token
     vocabulary on a Zen 5 core), and it builds gguf's tensor-name table anew for each of the model's
     modules (397 x 13 ms). transformers imports both names from `gguf` at call time, so swapping the
-    module's attributes reaches it; a reader is read-only (mode "r"), so sharing one changes nothing."""
+    module's attributes reaches it; a reader is read-only (mode "r"), so sharing one changes nothing.
+    Conversions in one process take turns, so each puts back what it found."""
     import gguf
 
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    gguf.GGUFReader = functools.cache(lambda path, mode="r": reader(path, mode))
-    gguf.get_tensor_name_map = functools.cache(name_map)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    with _GGUF_NAMES_SWAPPED:
+        reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        gguf.GGUFReader = functools.cache(lambda path, mode="r": reader(path, mode))
+        gguf.get_tensor_name_map = functools.cache(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> None:

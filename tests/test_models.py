@@ -95,9 +95,14 @@ def test_a_gguf_conversion_parses_the_file_once(tmp_path, monkeypatch):
 
     path = str(tmp_path / "tiny.gguf")
     writer = gguf.GGUFWriter(path, "llama")
-    writer.add_block_count(1), writer.add_embedding_length(8), writer.add_head_count(2)
+    writer.add_block_count(1)
+    writer.add_embedding_length(8)
+    writer.add_head_count(2)
     writer.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
-    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     parses = []
 
     class CountedReader(gguf.GGUFReader):
