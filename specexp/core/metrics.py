@@ -100,3 +100,9 @@ def predicted_speedup(a: float | None, k: int, c: float | None) -> float | None:
 
 def safe_ratio(num: float, den: float) -> float | None:
     return float(num / den) if den else None
+
+
+def tokens_per_s(batches) -> float | None:
+    """One arm's throughput over its batch timings (study/run.py's batches table): tokens emitted per
+    second of whole decodes, prefill included."""
+    return safe_ratio(batches["tokens"].sum(), batches["total_s"].sum())

@@ -197,8 +197,7 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
     c = metrics.safe_ratio(spec_rounds["draft_s"].sum() / max(drafted_positions, 1), ar_step_s) if drafted_positions else None
     depth, accepted = metrics.positions(spec), spec["accepted"].to_numpy()  # a tree's positions are its depths
     a = metrics.alpha(depth, accepted)
-    tps_spec = metrics.safe_ratio(spec_b["tokens"].sum(), spec_b["total_s"].sum())  # tokens/s, prefill included
-    tps_ar = metrics.safe_ratio(ar_b["tokens"].sum(), ar_b["total_s"].sum())
+    tps_spec, tps_ar = metrics.tokens_per_s(spec_b), metrics.tokens_per_s(ar_b)
     # speedup: spec tokens/s over AR tokens/s on the same prompts; under greedy both emit the
     # same tokens, so it equals AR seconds / spec seconds.
     speedup = metrics.safe_ratio(tps_spec, tps_ar) if tps_ar else None
@@ -270,8 +269,7 @@ def category_metrics(spec: pd.DataFrame, spec_b: pd.DataFrame, ar_b: pd.DataFram
                      batches_by_category: bool) -> dict:
     """alpha, tau and speedup of one prompt category (spec rounds; spec and AR batch timings)."""
     s, sb, ab = (arm[arm["category"] == category] for arm in (spec, spec_b, ar_b))
-    tps_ar = metrics.safe_ratio(ab["tokens"].sum(), ab["total_s"].sum())
-    tps_spec = metrics.safe_ratio(sb["tokens"].sum(), sb["total_s"].sum())
+    tps_spec, tps_ar = metrics.tokens_per_s(sb), metrics.tokens_per_s(ab)
     return {
         "alpha": metrics.alpha(metrics.positions(s), s["accepted"].to_numpy()),
         "tau": metrics.tau(s["emitted"].to_numpy()),
