@@ -154,7 +154,10 @@ def test_default_study_end_to_end(tmp_path):
     assert summary["timing"]["passes"] >= 1 and summary["timing"]["target_halfwidth"] == 0.03
     assert re.search(r"speedup \[95% CI\].*\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", out.stdout)
     batches = pd.read_parquet(run_dir / "batches.parquet")
-    assert len(batches) == 2 * 2 * summary["timing"]["passes"] and set(batches["first"]) == {"ar", "spec"}
+    # 2 arms x 2 batches x 2 timings a pass (A B B A): each arm first equally often in every batch
+    assert len(batches) == 2 * 2 * 2 * summary["timing"]["passes"] and set(batches["first"]) == {"ar", "spec"}
+    spec_firsts = batches[batches["mode"] == "spec"].groupby("batch")["first"]
+    assert spec_firsts.apply(lambda firsts: (firsts == "spec").sum() == (firsts == "ar").sum()).all()
 
 
 @pytest.mark.default_target

@@ -141,8 +141,8 @@ def test_wandb_offline_run_is_written_and_read_back(tmp_path):
     assert run["config"]["draft"]["k"] == "auto" and run["config"]["max_new_tokens"] == 6
     curve = run["tables"]["acceptance_curve"]
     assert curve["columns"] == ["position", "acceptance", "acceptance_ci95_lo", "acceptance_ci95_hi"]
-    expected = [[i + 1, a, *ci] for i, (a, ci) in enumerate(zip(summary["acceptance_curve"], summary["acceptance_curve_ci95"],
-                                                                 strict=True)) if a is not None]
+    cis = zip(summary["acceptance_curve"], summary["acceptance_curve_ci95"], strict=True)
+    expected = [[i + 1, a, *(ci or (None, None))] for i, (a, ci) in enumerate(cis) if a is not None]
     assert run["summary"]["speedup_ci95_lo"] == pytest.approx(summary["speedup_ci95"][0])
     assert [x for row in curve["data"] for x in row] == pytest.approx([x for row in expected for x in row])
     assert len(run["tables"]["samples"]["data"]) == 2

@@ -128,7 +128,8 @@ def cell(row: pd.Series, column: str) -> str:
     """A table cell: a metric with its 95% interval where the job has one ('1.120 [1.050, 1.190]')."""
     value = row[column]
     if column in INTERVAL_METRICS and isinstance(value, float) and value == value:
-        return fmt_interval(value, column_interval(row, column))
+        note = row.get(f"{column}_ci95_note")
+        return fmt_interval(value, column_interval(row, column), note=note if isinstance(note, str) else None)
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 

@@ -21,7 +21,9 @@ def fmt(value) -> str:
 
 def with_interval(summary: dict, key: str) -> str:
     """A headline metric with its 95% interval when the summary has one: '1.120 [1.050, 1.190]'."""
-    return fmt_interval(summary.get(key), summary.get(f"{key}_ci95")) if summary.get(key) is not None else "-"
+    if summary.get(key) is None:
+        return "-"
+    return fmt_interval(summary[key], summary.get(f"{key}_ci95"), note=(summary.get("interval_notes") or {}).get(key))
 
 
 def done_line(label: str, summary: dict) -> str:

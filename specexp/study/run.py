@@ -178,12 +178,10 @@ def batch_record(out: GenerationOutput, mode: str, batch: int, category: str | N
 
 
 def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_category: bool = True,
-              profile: Profile | None = None, draft: str = "", rng: np.random.Generator | None = None,
-              resamples: int = intervals.RESAMPLES) -> dict:
+              profile: Profile | None = None, draft: str = "") -> dict:
     """Headline metrics of one run, each defined in specexp.core.metrics or in the comment here, with 95%
-    bootstrap intervals (specexp.study.intervals). ``batches`` holds every timing (repeats included);
+    intervals (specexp.study.intervals). ``batches`` holds every timing (repeats included);
     ``rounds`` what the first pass decoded."""
-    rng = rng if rng is not None else np.random.default_rng(0)
     (spec, ar), (spec_b, ar_b) = metrics.arms(rounds), metrics.arms(batches)
     first_pass = batches[batches["repeat"] == 0] if "repeat" in batches else batches  # what the rounds decoded
     first_spec, first_ar = metrics.arms(first_pass)
@@ -209,11 +207,15 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
     if profile is not None and (draft in profile.drafts or never_drafted) and len(spec) and len(ar):
         predicted = cost_model.predict_run(spec, ar, first_pass, k, profile, draft) | {"profile": profile.path}
     paired = intervals.paired_timings(batches)
+    acceptance_cis, speedup_ci = intervals.acceptance_intervals(spec, k), intervals.speedup_interval(paired)
+    notes = acceptance_cis.pop("interval_notes") | ({"speedup": speedup_ci["speedup_note"]} if speedup_ci["speedup_note"] else {})
     summary = {
         "alpha": a,  # per draft position (a tree's: per depth along the accepted path)
-        # 95% intervals: alpha, tau, the curve by a bootstrap over prompts; speedup over batches and repeats
-        **intervals.acceptance_intervals(spec, k, rng, resamples),
-        "speedup_ci95": intervals.speedup_interval(paired, rng, resamples)["speedup_ci95"],
+        # 95% intervals (specexp.study.intervals): alpha, tau, the curve over prompts; speedup over batches and timings
+        **acceptance_cis,
+        "speedup_ci95": speedup_ci["speedup_ci95"],
+        "interval_notes": notes,  # why a number has no interval (fewer than intervals.MIN_UNITS units)
+        "interval_units": {"prompts": int(spec["prompt_id"].nunique()), "batches": int(paired["batch"].nunique())},
         # speedup over the timings in which each arm ran first: apart, an order effect of the arms
         "speedup_by_first_arm": {first: intervals.paired_speedup(rows) for first, rows in
                                  paired.groupby("first")} if "first" in paired else None,
@@ -328,7 +330,8 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
                         k_policy=policy if with_draft else None, k_max=study.k_max if with_draft else 0)
 
     def time_batch(n: int, indices: list[int], repeat: int, policy: KPolicy | None) -> dict[bool, GenerationOutput]:
-        """Both arms of batch n, in the order the batch and pass give (so each arm goes first as often)."""
+        """One timing of both arms of batch n; the arm that leads alternates by batch and flips in
+        every odd repeat, so a pass's two timings of a batch run A B, then B A (specexp.study.timing)."""
         spec_first = (n + repeat) % 2 == 1
         order = (True, False) if spec_first else (False, True)
         return {with_draft: decode(indices, with_draft, study.seed + n, study.max_new_tokens, policy)
@@ -349,21 +352,22 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
         spec, ar = outs[True], outs[False]
         batch_prompts = [study.prompts[i] for i in indices]
         rounds += [round_table(spec, batch_prompts, "spec", n, study.k_max), round_table(ar, batch_prompts, "ar", n, 0)]
-        batch_records += batch_records_of(outs, n, 0, batch_prompts[0].category,
-                                          max(len(study.encoded[i]) for i in indices))
+        prompt_length = max(len(study.encoded[i]) for i in indices)
+        batch_records += batch_records_of(outs, n, 0, batch_prompts[0].category, prompt_length)
+        batch_records += batch_records_of(time_batch(n, indices, 1, copy.deepcopy(policies[n])), n, 1,
+                                          batch_prompts[0].category, prompt_length)  # B A: the pass's second half
         answers = _answer_rows(study.prompts, indices, spec, ar, target.tokenizer)
         if study.sampling.greedy:
             _add_divergences(study, indices, answers)
         all_answers += answers
         results.add_answers(answers)
-        progress.set_postfix(spec_tok_s=f"{batch_records[-2]['tokens'] / spec.total_s:.1f}",
-                             ar_tok_s=f"{batch_records[-1]['tokens'] / ar.total_s:.1f}")
+        progress.set_postfix(spec_tok_s=f"{sum(len(t) for t in spec.tokens) / spec.total_s:.1f}",
+                             ar_tok_s=f"{sum(len(t) for t in ar.tokens) / ar.total_s:.1f}")
     batch_records, timing = time_again(study, batches, batch_records, policies, time_batch, time.perf_counter() - started)
 
     rounds_df = pd.concat(rounds, ignore_index=True)
     batches_df = pd.DataFrame(batch_records)
-    summary = summarize(rounds_df, batches_df, study.k_max, study.batch_by_category, study.profile, study.draft_name,
-                        rng=np.random.default_rng(study.seed), resamples=study.timing.resamples)
+    summary = summarize(rounds_df, batches_df, study.k_max, study.batch_by_category, study.profile, study.draft_name)
     summary["timing"] = timing
     summary["k_policy"] = study.k_setting
     summary["draft_profile"] = study.draft_name  # the draft's entry in the profile (profile.json)
@@ -396,26 +400,39 @@ def batch_records_of(outs: dict[bool, GenerationOutput], n: int, repeat: int, ca
 
 def time_again(study: Study, batches: list[list[int]], records: list[dict], policies: list, time_batch,
                first_pass_s: float) -> tuple[list[dict], dict]:
-    """Passes after the first (timings only, the same work) until `timing` says stop; returns every
-    timing record and what the timing did (summary.json's `timing`)."""
-    settings, passes, extra_s, last_pass_s = study.timing, 1, 0.0, first_pass_s
-    rng = np.random.default_rng(study.seed)
-    while True:
-        interval = intervals.speedup_interval(intervals.paired_timings(pd.DataFrame(records)), rng, settings.resamples)
-        if (reason := timing.stop_reason(settings, passes, interval, extra_s, last_pass_s)) is not None:
-            break
+    """The pilot's other passes, then the passes the pilot plans (specexp.study.timing; timings only,
+    the same work); returns every timing record, each marked `pilot` or not, and what the timing did
+    (summary.json's `timing`)."""
+    settings, per_pass = study.timing, timing.TIMINGS_PER_PASS
+
+    def time_pass(p: int) -> float:
         started = time.perf_counter()
-        for n, indices in enumerate(tqdm(batches, desc=f"timing pass {passes + 1}", unit="batch", dynamic_ncols=True)):
-            outs = time_batch(n, indices, passes, copy.deepcopy(policies[n]))
-            records += batch_records_of(outs, n, passes, study.prompts[indices[0]].category,
-                                        max(len(study.encoded[i]) for i in indices))
-        last_pass_s = time.perf_counter() - started
-        extra_s += last_pass_s if passes >= settings.repeats else 0.0
-        passes += 1
-    if (message := timing.stop_message(reason, settings, passes, interval)) is not None:
+        for n, indices in enumerate(tqdm(batches, desc=f"timing pass {p + 1}", unit="batch", dynamic_ncols=True)):
+            for repeat in range(per_pass * p, per_pass * (p + 1)):
+                outs = time_batch(n, indices, repeat, copy.deepcopy(policies[n]))
+                records.extend(batch_records_of(outs, n, repeat, study.prompts[indices[0]].category,
+                                                max(len(study.encoded[i]) for i in indices)))
+        return time.perf_counter() - started
+
+    pass_s = [first_pass_s] + [time_pass(p) for p in range(1, settings.repeats)]
+    pilot = intervals.paired_timings(pd.DataFrame(records))
+    spread = intervals.speedup_spread(pilot) if intervals.too_few(pilot["batch"].nunique(), "") is None else None
+    planned, reason = timing.plan_passes(settings, spread, intervals.paired_speedup(pilot), float(np.mean(pass_s)))
+    extra_s = 0.0
+    for p in range(settings.repeats, planned):
+        if extra_s + pass_s[-1] > settings.budget_s:
+            planned, reason = p, "budget"  # the passes ran slower than the pilot's
+            break
+        pass_s.append(time_pass(p))
+        extra_s += pass_s[-1]
+    for record in records:
+        record["pilot"] = record["repeat"] < per_pass * settings.repeats
+    interval = intervals.speedup_interval(intervals.paired_timings(pd.DataFrame(records)))
+    if (message := timing.stop_message(reason, settings, planned, interval)) is not None:
         print(f"[timing] {message}", file=sys.stderr)
-    return records, {"passes": passes, "target_halfwidth": settings.target_halfwidth, "stopped": reason,
-                     "extra_s": extra_s, **{k: v for k, v in interval.items() if k != "speedup_ci95"}}
+    return records, {"passes": planned, "timings_per_batch": per_pass * planned, "pilot_passes": settings.repeats,
+                     "target_halfwidth": settings.target_halfwidth, "stopped": reason, "extra_s": extra_s,
+                     **{k: v for k, v in interval.items() if k != "speedup_ci95"}}
 
 
 def config_hash(cfg: DictConfig) -> str:
