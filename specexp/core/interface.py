@@ -81,6 +81,10 @@ class DraftTraits:
     hidden_layers: tuple[int, ...] = ()
     shares_target_pass: bool = False  # it runs the round's target pass itself (SharesTargetPass)
     needs_reference: bool = False  # it is shown the target's own greedy continuations first (NeedsReference)
+    # its chain draws each token from its own next-token q given the tokens before it (an autoregressive
+    # LM), so its q on any prefix is its one-token proposal there: the sampled replay judges every depth
+    # with q on the target's prefix (study/replay.py)
+    markov_chain: bool = False
     # a draft of another tokenizer: the share of its text tokens the target spells with the same bytes
     # (drafts/vocab_map.py); None: it drafts in the target's own ids
     vocab_overlap: float | None = None

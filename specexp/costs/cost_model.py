@@ -143,3 +143,29 @@ def best_speedup_on(profile_ratios: np.ndarray, overhead_ratio: float, a: np.nda
     flat_a, flat_c = a.ravel()[None, :], c.ravel()[None, :]
     spec_round = ks * flat_c + np.asarray(profile_ratios)[ks] + overhead_ratio  # [K, points]
     return (expected_tokens_per_round(flat_a, ks) * (1 + overhead_ratio) / spec_round).max(0).reshape(a.shape)
+
+
+def round_yields(runs: Sequence[np.ndarray], proposed: np.ndarray, k: int, profile, draft: str,
+                 context: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each replayed round (specexp.study.replay) as the study would run it at K = k: it proposes
+    min(n_r, k) tokens (n_r: what it proposed at the replay's K; a round that proposed nothing still
+    costs a round) and commits 1 + sum_{i <= min(n_r, k)} P(depths 1..i accepted) in expectation, its
+    target pass over min(n_r, k) + 1 tokens. Returns tokens [R] and target seconds [R]."""
+    asked = np.minimum(np.asarray(proposed, dtype=int), k)  # [R]
+    tokens = 1.0 + np.array([float(run[:m].sum()) for run, m in zip(runs, asked, strict=True)])
+    target_s = np.asarray(profile.pass_s(asked + 1, context, draft if k else None), dtype=float) * np.ones(len(asked))
+    return tokens, target_s
+
+
+def price_rounds(tokens_per_round: float, target_s_per_round: float, k: int, profile, draft: str, context: float,
+                 prompt_length: float, new_tokens: int) -> float:
+    """The speedup of rounds that commit ``tokens_per_round`` and pass the target for
+    ``target_s_per_round`` on average, each with the draft's seconds for k and the bookkeeping, against
+    AR's T(1, context) and bookkeeping per token; one prompt pass each (and the draft's fill) for a
+    prompt of ``prompt_length`` tokens that generates ``new_tokens``. k = 0 costs exactly AR."""
+    round_s = float(profile.draft_s(draft, k)) + target_s_per_round + profile.overhead_s
+    ar_step_s = float(profile.pass_s(1, context)) + profile.overhead_s
+    prefill = profile.prefill(prompt_length)
+    fill = profile.reset_s(draft) if k else 0.0  # a draft never asked costs nothing
+    spec_s = prefill + fill + (new_tokens - 1) * round_s / tokens_per_round
+    return (prefill + (new_tokens - 1) * ar_step_s) / spec_s

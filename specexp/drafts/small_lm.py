@@ -103,7 +103,8 @@ class SmallLMDrafter:
         # (no per-call plumbing, fused projections, a static cache), anything else through its own forward.
         lean = unsupported_reason(self.draft.model) is None
         self.forward_model = lean_decoder(self.draft.model) if lean else self.draft.model
-        self.traits = DraftTraits(k_max=k, models=(self.draft.model,), branches=branches, grows_trees=branches > 1)
+        self.traits = DraftTraits(k_max=k, models=(self.draft.model,), branches=branches, grows_trees=branches > 1,
+                                  markov_chain=branches == 1)
         self.vocab_size = target.vocab_size
         self.draft_vocab: DraftVocab | None = model.draft_vocab
         self.kv: RaggedKV | StaticRaggedKV | None = None

@@ -5,6 +5,7 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from omegaconf import DictConfig, open_dict
@@ -13,17 +14,19 @@ from rich.table import Table
 from tqdm import tqdm
 
 from specexp.core.engine import generate
-from specexp.costs.cost_model import predict_from_curve
+from specexp.costs.cost_model import price_rounds, round_yields
 from specexp.costs.k_choice import build_draft
 from specexp.drafts.oracle import greedy_continuations
 from specexp.errors import UserInputError
-from specexp.study.replay import ReplayedRounds, acceptance_curve, alpha, replay, teacher_forced
+from specexp.study import intervals
+from specexp.study.replay import ReplayedRounds, acceptance_curve, alpha, draft_along, replay, teacher_forced
 from specexp.study.run import Study, prepare
 
 # Prompts replayed together: a draft's step costs about the same for 8 rows as for 1 on a CPU (its
 # weights are read once a step either way); p of every position is held for them under sampling.
 REPLAY_ROWS = 8
-SHOWN = ("target", "draft", "data", "temperature", "best_k", "predicted_alpha", "predicted_tau", "predicted_speedup")
+SHOWN = ("target", "draft", "data", "temperature", "best_k", "mean_k", "predicted_alpha", "predicted_tau",
+         "predicted_speedup")
 
 
 _SAMPLED: dict[tuple, list[int]] = {}  # (target, prompt, new tokens, warp, seed) -> continuation, for the process
@@ -77,24 +80,51 @@ def predict_pair(cfg: DictConfig, target_name: str, draft_name: str) -> list[dic
         prompts, continuations = study.encoded[first : first + REPLAY_ROWS], refs[first : first + REPLAY_ROWS]
         probs, features = zip(*(teacher_forced(study.target.model, ids, ref, study.sampling, drafter.traits.hidden_layers)
                                 for ids, ref in zip(prompts, continuations, strict=True)), strict=True)
+        q_along = (draft_along(drafter, prompts, continuations, list(features), study.sampling, generator, device)
+                   if drafter.traits.markov_chain and not study.sampling.greedy else None)  # q on R's own prefix
         rounds.extend(replay(drafter, prompts, continuations, list(probs), list(features), study.k_max, study.sampling,
-                             generator, device, new_tokens=study.max_new_tokens))
+                             generator, device, new_tokens=study.max_new_tokens, q_along=q_along), first_prompt=first)
     prompt_length = statistics.mean(len(ids) for ids in study.encoded)
     context = prompt_length + statistics.mean(min(len(r), study.max_new_tokens) for r in refs) / 2
     k_top = min(study.k_max, drafter.traits.k_limit or study.k_max)
     curve = acceptance_curve(rounds, k_top)
     rows = []
     for k in range(0, k_top + 1):
-        priced = (predict_from_curve(curve, k, study.profile, study.draft_name, context, prompt_length,
-                                     study.max_new_tokens) if study.profile is not None
-                  else {"predicted_tau": None, "predicted_speedup": None})
+        priced = (price_replayed(rounds, k, study, context, prompt_length) if study.profile is not None
+                  else {"predicted_tau": None, "predicted_speedup": None, "predicted_speedup_ci95": None})
         rows.append({"target": target_name, "draft": draft_name, "data": cfg.data.get("_target_", "").rsplit(".", 1)[-1],
                      "temperature": study.sampling.temperature, "k": k, "predicted_alpha": alpha(rounds, k),
-                     "predicted_acceptance_pos1": curve[0], **priced, "rounds": len(rounds.conditional),
+                     "predicted_acceptance_pos1": curve[0], **priced, "rounds": len(rounds.run),
+                     # K the study's rounds would verify on average: a draft may propose fewer (a short match)
+                     "mean_k": float(np.minimum(rounds.proposed, k).mean()) if rounds.proposed else float(k),
                      "replay_draft_ms_per_batch_round": 1e3 * statistics.mean(rounds.draft_s) if rounds.draft_s else None,
                      "profile": study.profile.path if study.profile is not None else None})
     best = max(rows, key=lambda r: r["predicted_speedup"] or 0.0)["k"]
     return [row | {"best_k": best, "is_best_k": row["k"] == best} for row in rows]
+
+
+def price_replayed(rounds: ReplayedRounds, k: int, study: Study, context: float, prompt_length: float,
+                   resamples: int = 1000) -> dict:
+    """The cost model's tau and speedup of the replayed rounds at K = k, each round priced with its own
+    proposal length (cost_model.round_yields), and a 95% percentile interval of the speedup over
+    prompts drawn with replacement (None from one prompt)."""
+    tokens, target_s = round_yields(rounds.run, np.asarray(rounds.proposed), k, study.profile, study.draft_name, context)
+    prompt = np.asarray(rounds.prompt)
+
+    def speedup(tokens_per_round, target_s_per_round):
+        return price_rounds(tokens_per_round, target_s_per_round, k, study.profile, study.draft_name, context,
+                            prompt_length, study.max_new_tokens)
+
+    n_prompts = int(prompt.max()) + 1 if len(prompt) else 0
+    interval = None
+    if n_prompts >= intervals.MIN_UNITS:  # per prompt: its rounds' tokens, target seconds and count, resampled together
+        sums = np.stack([np.bincount(prompt, tokens, n_prompts), np.bincount(prompt, target_s, n_prompts),
+                         np.bincount(prompt, minlength=n_prompts)], 1)  # [P, 3]
+        drawn = intervals.resample_counts(n_prompts, resamples, np.random.default_rng(study.seed)) @ sums  # [R, 3]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            interval = intervals.percentile_interval(speedup(drawn[:, 0] / drawn[:, 2], drawn[:, 1] / drawn[:, 2]))
+    return {"predicted_tau": float(tokens.mean()), "predicted_speedup": float(speedup(tokens.mean(), target_s.mean())),
+            "predicted_speedup_ci95": interval}
 
 
 def ranking(table: pd.DataFrame) -> pd.DataFrame:
