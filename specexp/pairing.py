@@ -1,5 +1,5 @@
 """`python -m specexp.pairing`: which draft for which target, predicted before decoding (the command;
-the replay is specexp/study/replay.py, the pricing costs/cost_model.predict_from_curve)."""
+the replay is specexp/study/replay.py, the pricing costs/cost_model.round_yields and price_rounds)."""
 
 import sys
 from pathlib import Path
@@ -10,7 +10,7 @@ USAGE = """usage: python -m specexp.pairing [--targets A,B,...] [--drafts X,Y,..
 For each target x draft, on a study's prompts and sampling (the same Hydra config groups and
 overrides as `python -m specexp`: data=, sampling=, data.limit=, max_new_tokens=, ...): the target
 writes its continuation of every prompt once, each draft is replayed along it with no target pass
-(greedy: the study's own rounds; sampled: sum min(p, q) at each drafted depth), and every K from 0
+(greedy: the study's own rounds; sampled: exact in expectation at every depth), and every K from 0
 (not drafting) to the draft's k_max is priced with this machine's hardware profile of the target (measured once
 and cached, as a study does) or --profile FILE's. Prints the table and each target's ranking of
 its drafts by predicted speedup at their best K; writes DIR/pairing.parquet and pairing.csv

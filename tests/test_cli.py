@@ -173,7 +173,7 @@ def test_small_lm_draft_from_a_local_folder(tmp_path):
                       "max_new_tokens=10", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["greedy_match"] == 1.0 and summary["draft"] == "SmallLMDrafter"
+    assert summary["greedy_match"] == 1.0 and summary["draft"] == "small_lm"
     assert summary["cost_ratio_c"] > 0
 
 

@@ -189,7 +189,7 @@ def test_a_draft_of_another_tokenizer_runs_from_the_cli_on_the_default_target(by
                           "draft.k=2", "profile.enabled=false", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["greedy_match"] == 1.0 and summary["draft"] == "CrossVocabDrafter"
+    assert summary["greedy_match"] == 1.0 and summary["draft"] == "small_lm"  # its config (the drafter: cross-vocabulary)
     assert 0.05 < summary["vocab_overlap"] <= 1 and summary["reencode_ms_per_round"] > 0
     assert 0 < summary["time_split"]["draft_reencode"] < summary["time_split"]["draft"]
 

@@ -8,6 +8,9 @@ so a given build passes or fails deterministically.
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -353,7 +356,16 @@ def test_the_aa_control_experiment_runs_every_never_proposing_draft(tmp_path):
         assert summary["mean_k"] == 0 and summary["tau"] == 1.0 and summary["greedy_match"] == 1.0
         assert summary["predicted_speedup"] == pytest.approx(1.0) and summary["speedup_ci95"] is not None
         assert set(summary["speedup_by_first_arm"]) == {"ar", "spec"}
-    assert {json.loads(j.read_text())["draft"] for j in jobs} == {"NoDrafter", "PromptLookupDrafter", "SmallLMDrafter"}
+    assert {json.loads(j.read_text())["draft"] for j in jobs} == {"none", "prompt_lookup", "distilled"}
     table = run_module("specexp.collect", str(sweep))
     collected = pd.read_parquet(sweep / "collected.parquet")
     assert table.returncode == 0 and collected["speedup_ci95_lo"].notna().all() and "[" in table.stdout
+    # its record, written by the script from what the jobs measured: each job's section, 1.00 judged against its interval
+    record = tmp_path / "aa_control.md"
+    script = Path(__file__).parents[1] / "benchmarks" / "aa_control.py"
+    written = subprocess.run([sys.executable, str(script), str(sweep), "--out", str(record)], capture_output=True, text=True)
+    assert written.returncode == 0, written.stderr[-2000:]
+    text = record.read_text()
+    assert text.count("\n## ") == 3 and text.count("1.00 inside the interval") + text.count("1.00 **outside**") == 3
+    summary = json.loads(jobs[0].read_text())
+    assert f"speedup {summary['speedup']:.3f} [{summary['speedup_ci95'][0]:.3f}" in text  # the job's own numbers

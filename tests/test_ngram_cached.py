@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
 
 from specexp.cli import CONFIG_DIR, missing_value
 from specexp.costs.k_choice import build_draft
@@ -120,6 +121,23 @@ def test_every_draft_config_with_its_required_values_missing_is_one_line():
             needs_value[option] = message
     assert needs_value == {"small_lm": "draft.model is required by draft=small_lm and has no value; give draft.model=VALUE "
                                        "(a local model folder or a hub name like org/name, with its tokenizer)"}
+
+
+def test_every_draft_config_names_itself_and_the_study_reports_that_name():
+    """summary["draft"] is the config's name (four configs build a SmallLMDrafter); the name is not a
+    constructor argument, and a draft config without one is named by its _target_."""
+
+    for option in DRAFT_OPTIONS:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose("config", overrides=[f"draft={option}"])
+        assert cfg.draft.name == option, option
+    target = tiny_model(0)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides=["draft=prompt_lookup", "draft.k=2"])
+    assert build_draft(cfg.draft, target).name == "prompt_lookup"
+    with open_dict(cfg):
+        del cfg.draft["name"]
+    assert build_draft(cfg.draft, target).name == "PromptLookupDrafter"
 
 
 def test_a_missing_required_value_ends_in_one_line_and_exit_2(tmp_path):

@@ -105,23 +105,17 @@ def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: 
 
 def predict_from_curve(curve: Sequence[float | None], k: int, profile, draft: str, context: float,
                        prompt_length: float, new_tokens: int) -> dict:
-    """What a draft proposing k tokens a round with this acceptance curve should yield, before any
-    decoding (specexp.study.replay's curve): tokens per round 1 + sum_{i<=k} prod_{j<=i} a_j, each
-    round priced at the draft's seconds for k, T(k + 1, context) and the bookkeeping, against AR's
-    T(1, context) and bookkeeping per token; one prompt pass each (and the draft's fill) for a prompt
-    of ``prompt_length`` tokens that generates ``new_tokens``. k = 0 (a K policy may decline to draft)
-    costs exactly AR: no draft step and no fill."""
+    """What a draft proposing k tokens every round with this acceptance curve should yield, before
+    any decoding: tokens per round 1 + sum_{i<=k} prod_{j<=i} a_j, each round's target pass
+    T(k + 1, context), priced by price_rounds. k = 0 (a K policy may decline to draft) costs exactly
+    AR. The pairing replay prices each round at its own proposal length instead (round_yields)."""
     run = np.cumprod(filled_curve(curve, k))  # [k]: P(first i accepted)
     tokens_per_round = 1.0 + float(run.sum())
     # at k = 0 the round is the target's plain pass (the engine runs no shared early-exit pass then)
-    round_s = float(profile.draft_s(draft, k)) + float(profile.pass_s(k + 1, context, draft if k else None)) \
-        + profile.overhead_s
-    ar_step_s = float(profile.pass_s(1, context)) + profile.overhead_s
-    prefill = profile.prefill(prompt_length)
-    fill = profile.reset_s(draft) if k else 0.0  # a draft never asked costs nothing
-    spec_s = prefill + fill + (new_tokens - 1) * round_s / tokens_per_round
-    ar_s = prefill + (new_tokens - 1) * ar_step_s
-    return {"predicted_tau": tokens_per_round, "predicted_speedup": ar_s / spec_s}
+    target_s = float(profile.pass_s(k + 1, context, draft if k else None))
+    return {"predicted_tau": tokens_per_round,
+            "predicted_speedup": price_rounds(tokens_per_round, target_s, k, profile, draft, context, prompt_length,
+                                              new_tokens)}
 
 
 def equivalent_alpha(tokens_per_round: float, k: float) -> float:

@@ -54,6 +54,7 @@ class BuiltDraft:
     policy: str | None  # the K policy's name; None: K fixed
     config: DictConfig  # the config it was built from
     k_max: int  # most draft tokens a round asks: its traits.k_max, or 0 for draft.k=0 (never asked)
+    name: str  # the config's `name` (conf/draft/NAME.yaml's; a draft without one: its _target_'s last part)
 
 
 def build_draft(draft_cfg: DictConfig, target) -> BuiltDraft:
@@ -62,8 +63,9 @@ def build_draft(draft_cfg: DictConfig, target) -> BuiltDraft:
 
     resolved, policy = resolve_draft_k(draft_cfg)
     never = policy is None and resolved.get("k") == 0  # draft.k=0: the A/A control with this draft built
-    if never:
-        with open_dict(resolved):
+    with open_dict(resolved):
+        name = str(resolved.pop("name", None) or str(resolved.get("_target_", "")).rsplit(".", 1)[-1])
+        if never:
             resolved.pop("k")  # built at its own default K, then never asked
     drafter = instantiate(resolved)(target)
     traits = drafter.traits
@@ -71,7 +73,7 @@ def build_draft(draft_cfg: DictConfig, target) -> BuiltDraft:
         raise UserInputError(f"draft.k={policy} prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
                              f"target_prefix, ngram_lm); this token tree (draft.branches={traits.branches}) takes a "
                              "fixed node budget, e.g. draft.k=8")
-    return BuiltDraft(drafter, policy, resolved, 0 if never else traits.k_max)
+    return BuiltDraft(drafter, policy, resolved, 0 if never else traits.k_max, name)
 
 
 def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) -> KPolicy | None:

@@ -59,6 +59,7 @@ class Study:
     runtime: dict  # the runtime's settings and matmul plan, recorded in summary.json
     profile: Profile | None = None  # this machine's costs, which the cost model prices rounds with
     draft_name: str = ""  # the draft's entry in the profile
+    draft_config: str = ""  # the draft's config name (distilled, target_prefix): summary["draft"]
     k_policy: KPolicy | None = None  # draft.k=auto / heuristic; None: K fixed
     k_setting: str = "fixed"  # fixed, auto or heuristic
     timing: TimingSettings = field(default_factory=TimingSettings)  # how long the arms are timed
@@ -94,6 +95,7 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
             )
     study = Study(target, drafter, built.k_max, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
                   cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_name=draft_key(built.config),
+                  draft_config=built.name,
                   timing=TimingSettings(**cfg.timing))
     if drafter.traits.greedy_only and not sampling.greedy:
         raise UserInputError(f"draft={type(drafter).__name__} needs greedy decoding; set sampling=greedy "
@@ -382,7 +384,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
         print(divergence_line(divergences, len(all_answers), target.model.dtype))
     summary["n_prompts"] = len(study.prompts)
     summary["target"] = target.name
-    summary["draft"] = type(drafter).__name__
+    summary["draft"] = study.draft_config
     summary["vocab_overlap"] = drafter.traits.vocab_overlap if drafter is not None else None
     summary["runtime"] = study.runtime | (study.forward.stats() if isinstance(study.forward, CompiledDecoder) else {})
     results.finish(summary, rounds_df, batches_df, study.profile.record() if study.profile is not None else None)
