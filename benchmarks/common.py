@@ -5,6 +5,7 @@ import datetime
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -64,7 +65,9 @@ def decode_arguments(parser: argparse.ArgumentParser, default_out: Path) -> argp
 
 
 def report_header(title: str) -> list[str]:
-    return [f"# {title} ({datetime.date.today()})", "", f"Machine: {machine()}", ""]
+    """A record's first lines: its title and date, the machine, and the command that wrote it."""
+    command = " ".join(["python", *sys.argv])  # the script as it was typed, and its options
+    return [f"# {title} ({datetime.date.today()})", "", f"Machine: {machine()}", "", f"Written by: `{command}`", ""]
 
 
 def write_report(path: Path, lines: list[str]) -> None:
@@ -79,13 +82,17 @@ def interleaved_summaries(target: LoadedModel, prompts: list[Prompt], encoded: l
                           sampling: SamplingConfig, max_new: int, seed: int, desc: str = "",
                           forward=None, profile=None) -> dict[str, dict]:
     """Decode every prompt with every method back to back, the order rotating per prompt so drift
-    on a shared machine hits all alike. ``methods``: name -> (drafter or None, K[, K policy[, the
-    draft's profile entry]]), with "ar" (the baseline, drafter None) first. Returns per non-AR
-    method the study's own `summarize` metrics (priced by ``profile`` where an entry is named),
-    plus the median per-prompt speedup and the number of prompts decoded identically to AR."""
+    on a shared machine hits all alike, after one short untimed decode of each method. ``methods``:
+    name -> (drafter or None, K[, K policy[, the draft's profile entry]]), with "ar" (the baseline,
+    drafter None) first. Returns per non-AR method the study's own `summarize` metrics (priced by
+    ``profile`` where an entry is named), plus the median per-prompt speedup and the number of
+    prompts decoded identically to AR."""
     names = list(methods)
     methods = {name: (*spec, None, None)[:4] for name, spec in methods.items()}
     rounds, batches, tokens = {m: [] for m in names}, {m: [] for m in names}, {m: {} for m in names}
+    for drafter, _, policy, _ in methods.values():  # warm-up: each method's one-time costs paid untimed
+        generate(forward or target.model, [encoded[0]], drafter, sampling, 4, target.eos_token_ids,
+                 torch.Generator().manual_seed(seed), target.pad_token_id, k_policy=policy)
     for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded, strict=True)), desc=desc)):
         for name in names[i % len(names):] + names[: i % len(names)]:
             drafter, k, policy, _ = methods[name]

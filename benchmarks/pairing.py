@@ -74,11 +74,8 @@ def cell(target: str, draft: str, overrides: list[str]) -> dict:
             "notes": measured.get("interval_notes") or {}, "predict_s": predict_s, "study_s": study_s}
 
 
-def setting_report(data: str, sampling: str, args) -> tuple[list[str], pd.DataFrame]:
+def setting_report(data: str, sampling: str, cells: list[dict]) -> tuple[list[str], pd.DataFrame]:
     """One setting's cells (a table) and each target's two rankings."""
-    overrides = [f"data={data}", f"data.limit={args.prompts}", f"max_new_tokens={args.max_new_tokens}",
-                 f"sampling={sampling}", f"timing.budget_s={args.budget_s}"]  # 30: the sweeps' timing budget
-    cells = [cell(target, draft, overrides) for target in args.targets.split(",") for draft in PAIRS[target]]
     rows = ["| target | draft | best K (pred) | K (pred / study) | verified per round (pred / study) | alpha pred | "
             "alpha measured [95%] | alpha | speedup pred [95%] | speedup measured [95%] | speedup | predict s | "
             "study s | study / predict |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -118,20 +115,31 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=30.0, help="each study's seconds of extra timing passes")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "pairing.md")
     args = parser.parse_args()
-    sections, tables = [], []
-    for setting in args.settings.split(","):  # the report is rewritten after each setting: a kill loses one
+    done: list[tuple[str, str, list[dict]]] = []  # per setting: its data, sampling and cells so far
+    for setting in args.settings.split(","):
         data, sampling = setting.split(":")
-        lines, table = setting_report(data, sampling, args)
+        overrides = [f"data={data}", f"data.limit={args.prompts}", f"max_new_tokens={args.max_new_tokens}",
+                     f"sampling={sampling}", f"timing.budget_s={args.budget_s}"]  # 30: the sweeps' timing budget
+        done.append((data, sampling, []))
+        for target in args.targets.split(","):
+            for draft in PAIRS[target]:  # the record is rewritten after each pair: a kill loses one
+                done[-1][2].append(cell(target, draft, overrides))
+                write(args, done)
+
+
+def write(args, done: list[tuple[str, str, list[dict]]]) -> None:
+    sections, tables = [], []
+    for data, sampling, cells in done:
+        lines, table = setting_report(data, sampling, cells)
         sections += lines
         tables.append(table)
-        every = pd.concat(tables)
-        write_report(args.out, [
-            *report_header("Acceptance predicted before decoding, against the study"),
-            f"{args.prompts} prompts x {args.max_new_tokens} tokens per setting, batch 1; the prediction's best K "
-            "(0..k_max; 0: AR) and the study at that K (1 where it is 0; the prediction's K = 1 row compared). "
-            "'hit': the prediction inside the measured 95% interval. "
-            f"Speedup hits over the settings below: {(every['hit'] == 'hit').sum()} of {len(every)}.", "", *sections])
-
+    every = pd.concat(tables)
+    write_report(args.out, [
+        *report_header("Acceptance predicted before decoding, against the study"),
+        f"{args.prompts} prompts x {args.max_new_tokens} tokens per setting, batch 1; the prediction's best K "
+        "(0..k_max; 0: AR) and the study at that K (1 where it is 0; the prediction's K = 1 row compared). "
+        "'hit': the prediction inside the measured 95% interval. "
+        f"Speedup hits over the settings below: {(every['hit'] == 'hit').sum()} of {len(every)}.", "", *sections])
 
 if __name__ == "__main__":
     main()

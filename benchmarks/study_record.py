@@ -1,8 +1,9 @@
 """The record of one or more finished studies, written from what they measured:
 
-    python -m specexp hydra.run.dir=outputs/default_study          # the default study, as shipped
-    python benchmarks/study_record.py outputs/default_study --title "The default study with intervals" \
-        --out benchmarks/default_study.md
+    python benchmarks/study_record.py STUDY_FOLDER [...] --title TITLE --out RECORD.md
+
+`bash experiments/default_study.sh` runs the default study as shipped and writes
+benchmarks/default_study.md with it.
 
 For each job: its command-line overrides, alpha, tau and speedup with their 95% intervals (or why
 there is none), the cost model's prediction, the timing passes and the half-width split into timing

@@ -5,5 +5,6 @@
 # Keep the machine otherwise idle while it runs: on 2 cores another process stalls one arm.
 # The record lands in benchmarks/aa_control.md, the table in multirun/aa_control/collected.{parquet,csv}.
 set -euo pipefail
+rm -rf multirun/aa_control  # one record, one run
 bash "$(dirname "$0")/study.sh" aa_control "$@"
 python "$(dirname "$0")/../benchmarks/aa_control.py" multirun/aa_control

@@ -26,6 +26,7 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
     draft_cfg = draft_cfg.copy()
     k = draft_cfg.get("k")
     with open_dict(draft_cfg):
+        draft_cfg.pop("name", None)  # what reports call it (draft_name), not a constructor's argument
         k_max = draft_cfg.pop("k_max", DEFAULT_K_MAX)
         tree = draft_cfg.pop("tree", None)
         if tree is not None:  # a token tree's size is its node budget: draft.k=auto prices it (TreeK)
@@ -57,15 +58,19 @@ class BuiltDraft:
     name: str  # the config's `name` (conf/draft/NAME.yaml's; a draft without one: its _target_'s last part)
 
 
+def draft_name(draft_cfg: DictConfig) -> str:
+    """The config's `name` (conf/draft/NAME.yaml's); a config without one: its _target_'s last part."""
+    return str(draft_cfg.get("name") or str(draft_cfg.get("_target_", "")).rsplit(".", 1)[-1])
+
+
 def build_draft(draft_cfg: DictConfig, target) -> BuiltDraft:
     """The drafter a draft config makes for this target, as a study builds it."""
     from hydra.utils import instantiate
 
     resolved, policy = resolve_draft_k(draft_cfg)
     never = policy is None and resolved.get("k") == 0  # draft.k=0: the A/A control with this draft built
-    with open_dict(resolved):
-        name = str(resolved.pop("name", None) or str(resolved.get("_target_", "")).rsplit(".", 1)[-1])
-        if never:
+    if never:
+        with open_dict(resolved):
             resolved.pop("k")  # built at its own default K, then never asked
     drafter = instantiate(resolved)(target)
     traits = drafter.traits
@@ -73,7 +78,7 @@ def build_draft(draft_cfg: DictConfig, target) -> BuiltDraft:
         raise UserInputError(f"draft.k={policy} prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
                              f"target_prefix, ngram_lm); this token tree (draft.branches={traits.branches}) takes a "
                              "fixed node budget, e.g. draft.k=8")
-    return BuiltDraft(drafter, policy, resolved, 0 if never else traits.k_max, name)
+    return BuiltDraft(drafter, policy, resolved, 0 if never else traits.k_max, draft_name(draft_cfg))
 
 
 def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) -> KPolicy | None:
