@@ -49,6 +49,6 @@ def test_a_wheel_install_composes_and_runs_a_user_experiment_from_another_folder
                "data.limit=1", "hydra.run.dir=run"], cwd=elsewhere, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((elsewhere / "run" / "summary.json").read_text())
-    assert summary["draft"] == "NoDrafter" and summary["greedy_match"] == 1.0
+    assert summary["draft"] == "none" and summary["greedy_match"] == 1.0  # the config's name
     # one prompt, one batch: no spread to give an interval, and the summary says so
     assert summary["speedup_ci95"] is None and summary["interval_notes"]["speedup"] == "batches: 1, fewer than 2"
