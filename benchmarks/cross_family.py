@@ -232,8 +232,7 @@ def main_tables(target: LoadedModel, smollm2: LoadedModel, prompts: int, max_new
             mapping = "UAG (string)" if sampling.greedy else "USD (tli)"
             for side, r in head_to_head(target, smollm2, drafters[ours_name], prepared.forward, encoded, sampling,
                                         max_new, k).items():
-                label = f"{side} ({mapping if side.startswith('transformers assisted') else ours_name})" \
-                    if side.endswith(("assisted", "spec")) else side
+                label = {"transformers assisted": f"{side}: {mapping}", "specexp spec": f"{side}: {ours_name}"}.get(side, side)
                 theirs.append(f"| {data_name} | {sampling_name} | {label} | {fmt(r['acceptance'])} | {fmt(r['tau'])} | "
                               f"{fmt(r['speedup'])} | {fmt(r['tokens_per_s'], 1)} |")
     runtime = runtime_cost(target, prepared.forward, encoded_sets["mt_bench"], max_new)
