@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
-RECORDS_BY_SCRIPT = {"pairing.md": "pairing.py", "pairing_zen5.md": "pairing.py"}  # next: aa_control.md, default_study.md
+RECORDS_BY_SCRIPT = {"pairing.md": "pairing.py", "pairing_zen5.md": "pairing.py", "default_study.md": "study_record.py"}
 
 
 def notes_of(text: str) -> str:
