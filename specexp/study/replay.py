@@ -105,11 +105,8 @@ def replay(drafter: Drafter, prompts: list[list[int]], references: list[list[int
     if drafter.traits.branches > 1 or drafter.traits.shares_target_pass:
         raise UserInputError("the acceptance replay takes chain drafts with their own passes; use a chain "
                              "(draft.branches=1) and, for early exit, draft.mode=naive (the same drafts)")
-    ctx = reference_context(prompts, references, features, k, device)
     stop = torch.tensor([len(r) if new_tokens is None else min(new_tokens, len(r)) for r in references], device=device)
-    committed = torch.ones(len(prompts), dtype=torch.long, device=device)  # t per row: tokens of its reference committed
-    ctx.done = committed >= stop
-    drafter.reset(ctx)
+    ctx, committed = start_along(drafter, prompts, references, features, k, stop, device)
     rounds = ReplayedRounds()
     while not bool(ctx.done.all()):
         started = time.perf_counter()
@@ -122,14 +119,34 @@ def replay(drafter: Drafter, prompts: list[list[int]], references: list[list[int
             rounds.run.append(run)
             rounds.proposed.append(int(proposal.n_proposed[b]))
             rounds.prompt.append(b)
-        order = torch.arange(proposal.tokens.shape[1], device=device)[None]  # a chain's accepted path, as the engine fills it
-        proposal.accepted_path = torch.where(order < kept[:, None], order, -1)
-        moved = torch.where(ctx.done, 0, kept + 1)  # R's next token follows the kept ones; finished rows stay
-        ctx.lengths = ctx.lengths + moved
-        committed = committed + moved
-        ctx.done = committed >= stop
-        drafter.update(ctx, proposal, kept)
+        committed = advance_along(drafter, ctx, proposal, committed, kept, stop)
     return rounds
+
+
+def start_along(drafter: Drafter, prompts: list[list[int]], references: list[list[int]],
+                features: list[torch.Tensor | None], k: int, stop: torch.Tensor,
+                device: torch.device) -> tuple[Context, torch.Tensor]:
+    """The batch after the prompt pass with the draft reset on it, and t per row (tokens of its reference
+    committed: the prompt pass's one)."""
+    ctx = reference_context(prompts, references, features, k, device)
+    committed = torch.ones(len(prompts), dtype=torch.long, device=device)
+    ctx.done = committed >= stop
+    drafter.reset(ctx)
+    return ctx, committed
+
+
+def advance_along(drafter: Drafter, ctx: Context, proposal: Proposal, committed: torch.Tensor, kept: torch.Tensor,
+                  stop: torch.Tensor) -> torch.Tensor:
+    """Commit each live row's ``kept`` proposed tokens and R's next one, as the engine would, and tell the
+    draft; returns the new t per row."""
+    order = torch.arange(proposal.tokens.shape[1], device=committed.device)[None]  # a chain's accepted path
+    proposal.accepted_path = torch.where(order < kept[:, None], order, -1)
+    moved = torch.where(ctx.done, 0, kept + 1)  # R's next token follows the kept ones; finished rows stay
+    ctx.lengths = ctx.lengths + moved
+    committed = committed + moved
+    ctx.done = committed >= stop
+    drafter.update(ctx, proposal, kept)
+    return committed
 
 
 def reference_context(prompts: list[list[int]], references: list[list[int]], features: list[torch.Tensor | None],
@@ -180,11 +197,8 @@ def draft_along(drafter: Drafter, prompts: list[list[int]], references: list[lis
                 device: torch.device) -> list[torch.Tensor]:
     """The draft's q of every token of each reference on the reference's own prefix [A_b, V] each
     (row 0, the prompt pass's token, stays 0): one-token proposals, committing R one token a round."""
-    ctx = reference_context(prompts, references, features, 1, device)
     stop = torch.tensor([len(r) for r in references], device=device)
-    committed = torch.ones(len(prompts), dtype=torch.long, device=device)
-    ctx.done = committed >= stop
-    drafter.reset(ctx)
+    ctx, committed = start_along(drafter, prompts, references, features, 1, stop, device)
     along: list[torch.Tensor | None] = [None] * len(prompts)
     while not bool(ctx.done.all()):
         proposal = drafter.propose(ctx, 1, sampling, generator)
@@ -193,10 +207,5 @@ def draft_along(drafter: Drafter, prompts: list[list[int]], references: list[lis
                 along[b] = torch.zeros(len(references[b]), proposal.probs.shape[-1], device=device)
             if proposal.probs.shape[1]:
                 along[b][int(committed[b])] = proposal.probs[b, 0]
-        proposal.accepted_path = torch.full_like(proposal.tokens, -1)
-        moved = torch.where(ctx.done, 0, 1)  # R's next token, whatever the draft said
-        ctx.lengths = ctx.lengths + moved
-        committed = committed + moved
-        ctx.done = committed >= stop
-        drafter.update(ctx, proposal, torch.zeros_like(committed))
+        committed = advance_along(drafter, ctx, proposal, committed, torch.zeros_like(committed), stop)  # R's next token
     return [a if a is not None else torch.zeros(len(r), 1, device=device) for a, r in zip(along, references, strict=True)]
