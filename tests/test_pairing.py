@@ -5,8 +5,11 @@ command (`python -m specexp.pairing`) prices every K, ranks, skips, and refuses 
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
+from specexp.cli import CONFIG_DIR
 from specexp.reporting.collect import collect
+from specexp.reporting.pairing import fixed_k_config
 from tests.commands import run_each, run_module, run_specexp
 
 
@@ -48,7 +51,19 @@ def test_the_pairing_command_predicts_every_k_ranks_and_skips_what_does_not_appl
     assert table.loc[table["k"] == 0, "predicted_speedup"].item() == pytest.approx(1.0)
     assert table["predicted_speedup"].notna().all() and (table["predicted_tau"] >= 1).all()
     assert table["is_best_k"].sum() == 1 and 0 <= table["predicted_alpha"].iloc[1] <= 1
+    # a fixed-K prompt lookup caps short matches (draft.k=auto does not): each K is replayed as built
+    assert table.loc[table["k"] >= 1, "replayed_at_k"].all() and not table.loc[table["k"] == 0, "replayed_at_k"].item()
     assert (tmp_path / "pairing.csv").exists() and "ranked per target" in out.stdout
+
+
+def test_a_k_whose_study_builds_another_draft_is_replayed_as_that_draft():
+    """draft.k=3 gives a prompt lookup caps on short matches that draft.k=auto leaves off, so its K = 3
+    is not the auto build's rounds cut at 3; a small LM at draft.k=3 is the auto build but for K."""
+    lookup = OmegaConf.load(f"{CONFIG_DIR}/draft/prompt_lookup.yaml")
+    fixed = fixed_k_config(lookup, 3)
+    assert fixed is not None and fixed.k == 3 and fixed.max_tokens_after_match is None
+    assert fixed_k_config(OmegaConf.merge(lookup, {"max_tokens_after_match": []}), 3) is None  # HF's rule: no caps
+    assert fixed_k_config(OmegaConf.load(f"{CONFIG_DIR}/draft/small_lm.yaml"), 3) is None
 
 
 BAD_PAIRING_INPUT = {

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from specexp.core.engine import generate
 from specexp.costs.cost_model import price_rounds, round_yields
-from specexp.costs.k_choice import build_draft
+from specexp.costs.k_choice import build_draft, resolve_draft_k
 from specexp.drafts.oracle import greedy_continuations
 from specexp.errors import UserInputError
 from specexp.study import intervals
@@ -51,53 +51,77 @@ def references(study: Study, extra: int) -> list[list[int]]:
     return refs
 
 
-def replay_drafter(cfg: DictConfig, study: Study):
-    """The draft the replay runs: the study's, or for a draft that runs the target's pass itself (early
-    exit, shared) the same layers with a cache of their own (mode=naive: the same drafts, tested in
-    tests/test_early_exit.py), since no target pass runs."""
-    if not study.drafter.traits.shares_target_pass:
-        return study.drafter
-    naive = cfg.draft.copy()
+def replay_drafter(draft_cfg: DictConfig, study: Study, built=None):
+    """The draft the replay runs for ``draft_cfg`` (``built``: the study's drafter of it): for a draft
+    that runs the target's pass itself (early exit, shared) the same layers with a cache of their own
+    (mode=naive: the same drafts, tested in tests/test_early_exit.py), since no target pass runs."""
+    drafter = built if built is not None else build_draft(draft_cfg, study.target).drafter
+    if not drafter.traits.shares_target_pass:
+        return drafter
+    naive = draft_cfg.copy()
     with open_dict(naive):
         naive.mode = "naive"
     return build_draft(naive, study.target).drafter
 
 
+def fixed_k_config(draft_cfg: DictConfig, k: int) -> DictConfig | None:
+    """The draft config a study at draft.k=k builds where it is not the one built for the K policy
+    (a prompt lookup's caps on short matches apply at a fixed K only); None where it is the same
+    but for K, and the replay at k_max, cut at k, stands for it."""
+    fixed = draft_cfg.copy()
+    with open_dict(fixed):
+        fixed.k = k
+    built, as_policy = resolve_draft_k(fixed)[0], resolve_draft_k(draft_cfg)[0]
+    with open_dict(built), open_dict(as_policy):
+        built.pop("k"), as_policy.pop("k")
+    return None if built == as_policy else fixed
+
+
 def predict_pair(cfg: DictConfig, target_name: str, draft_name: str) -> list[dict]:
     """One row per K = 0..k_max (K = 0: the draft declined, as draft.k=auto may choose; AR's price): the
-    replayed acceptance and the cost model's tau and speedup at that K."""
+    replayed acceptance and the cost model's tau and speedup of a study at draft.k=K. The draft built
+    for k_max is replayed once and its rounds cut at each K; a K whose study builds another draft
+    (fixed_k_config) replays that one at K."""
     study = prepare(cfg)
     if study.k_max < 1:
         raise UserInputError(f"draft={draft_name} never proposes (k_max = 0): nothing to predict")
-    drafter = replay_drafter(cfg, study)
+    drafter = replay_drafter(cfg.draft, study, study.drafter)
+    k_top = min(study.k_max, drafter.traits.k_limit or study.k_max)
+    replays = {None: (drafter, study.k_max)}  # K it stands for (None: every K cut from k_max) -> (draft, K replayed)
+    for k in range(1, k_top + 1):
+        if (fixed := fixed_k_config(cfg.draft, k)) is not None:
+            replays[k] = (replay_drafter(fixed, study), k)
     refs = references(study, study.k_max)
-    if drafter.traits.needs_reference:
-        drafter.set_reference(study.encoded, refs)
+    for replayed, _ in replays.values():
+        if replayed.traits.needs_reference:
+            replayed.set_reference(study.encoded, refs)
     device = study.target.model.device
     generator = torch.Generator(device).manual_seed(study.seed)
-    rounds = ReplayedRounds()
+    rounds = {key: ReplayedRounds() for key in replays}
     for first in tqdm(range(0, len(refs), REPLAY_ROWS), desc=f"{target_name} x {draft_name}", unit="batch", leave=False):
         prompts, continuations = study.encoded[first : first + REPLAY_ROWS], refs[first : first + REPLAY_ROWS]
         probs, features = zip(*(teacher_forced(study.target.model, ids, ref, study.sampling, drafter.traits.hidden_layers)
                                 for ids, ref in zip(prompts, continuations, strict=True)), strict=True)
-        q_along = (draft_along(drafter, prompts, continuations, list(features), study.sampling, generator, device)
-                   if drafter.traits.markov_chain and not study.sampling.greedy else None)  # q on R's own prefix
-        rounds.extend(replay(drafter, prompts, continuations, list(probs), list(features), study.k_max, study.sampling,
-                             generator, device, new_tokens=study.max_new_tokens, q_along=q_along), first_prompt=first)
+        for key, (replayed, k) in replays.items():
+            q_along = (draft_along(replayed, prompts, continuations, list(features), study.sampling, generator, device)
+                       if replayed.traits.markov_chain and not study.sampling.greedy else None)  # q on R's own prefix
+            rounds[key].extend(replay(replayed, prompts, continuations, list(probs), list(features), k, study.sampling,
+                                      generator, device, new_tokens=study.max_new_tokens, q_along=q_along),
+                               first_prompt=first)
     prompt_length = statistics.mean(len(ids) for ids in study.encoded)
     context = prompt_length + statistics.mean(min(len(r), study.max_new_tokens) for r in refs) / 2
-    k_top = min(study.k_max, drafter.traits.k_limit or study.k_max)
-    curve = acceptance_curve(rounds, k_top)
     rows = []
     for k in range(0, k_top + 1):
-        priced = (price_replayed(rounds, k, study, context, prompt_length) if study.profile is not None
+        at_k = rounds.get(k, rounds[None])
+        priced = (price_replayed(at_k, k, study, context, prompt_length) if study.profile is not None
                   else {"predicted_tau": None, "predicted_speedup": None, "predicted_speedup_ci95": None})
         rows.append({"target": target_name, "draft": draft_name, "data": cfg.data.get("_target_", "").rsplit(".", 1)[-1],
-                     "temperature": study.sampling.temperature, "k": k, "predicted_alpha": alpha(rounds, k),
-                     "predicted_acceptance_pos1": curve[0], **priced, "rounds": len(rounds.run),
+                     "temperature": study.sampling.temperature, "k": k, "predicted_alpha": alpha(at_k, k),
+                     "predicted_acceptance_pos1": acceptance_curve(at_k, max(k, 1))[0], **priced,
+                     "rounds": len(at_k.run), "replayed_at_k": k in rounds,
                      # K the study's rounds would verify on average: a draft may propose fewer (a short match)
-                     "mean_k": float(np.minimum(rounds.proposed, k).mean()) if rounds.proposed else float(k),
-                     "replay_draft_ms_per_batch_round": 1e3 * statistics.mean(rounds.draft_s) if rounds.draft_s else None,
+                     "mean_k": float(np.minimum(at_k.proposed, k).mean()) if at_k.proposed else float(k),
+                     "replay_draft_ms_per_batch_round": 1e3 * statistics.mean(at_k.draft_s) if at_k.draft_s else None,
                      "profile": study.profile.path if study.profile is not None else None})
     best = max(rows, key=lambda r: r["predicted_speedup"] or 0.0)["k"]
     return [row | {"best_k": best, "is_best_k": row["k"] == best} for row in rows]
