@@ -18,7 +18,8 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt
 from specexp.models import LoadedModel
 from specexp.runtime.matmul import cpu_model
-from specexp.study.run import batch_record, round_table, summarize
+from specexp.study.run import batch_record, round_table
+from specexp.study.summary import summarize
 
 GREEDY = SamplingConfig()
 
@@ -108,7 +109,7 @@ def interleaved_summaries(target: LoadedModel, prompts: list[Prompt], encoded: l
         _, k, _, draft = methods[name]
         summary = summarize(pd.concat([ar_rounds, *rounds[name]], ignore_index=True),
                             pd.concat([ar_batches, pd.DataFrame(batches[name])], ignore_index=True), k,
-                            profile=profile if draft else None, draft=draft or "")
+                            profile=profile if draft else None, draft=draft or "").to_dict()
         ratios = [len(tokens[name][p][0]) / tokens[name][p][1] / (len(tokens["ar"][p][0]) / tokens["ar"][p][1])
                   for p in tokens[name]]
         summary["median_prompt_speedup"] = statistics.median(ratios)

@@ -15,7 +15,7 @@ from specexp.core.tree_policy import TreeK, slot_counts
 from specexp.costs import cost_model
 from specexp.costs.profile import Profile
 from specexp.errors import UserInputError
-from specexp.study.run import summarize
+from specexp.study.summary import summarize
 from tests.commands import run_each, run_module
 
 
@@ -66,7 +66,7 @@ def test_prediction_of_a_hand_made_run():
     })
     batches = pd.DataFrame({"mode": ["spec", "ar"], "batch": 0, "category": "c", "tokens": [7, 7],
                             "total_s": [0.9, 0.85], "prefill_s": [0.1, 0.1], "prompt_length": [160, 160]})
-    s = summarize(rounds, batches, k=2, profile=hand_profile(), draft="d")
+    s = summarize(rounds, batches, k=2, profile=hand_profile(), draft="d").to_dict()
     # Curve: a1 = 2/3, a2 = 1/2 -> E[tokens | 2 proposed] = 1 + 2/3 + 1/3 = 2 per round.
     assert s["predicted_tokens_per_round"] == pytest.approx(2.0)
     prefill = 0.125  # interpolated at 160 tokens
@@ -310,7 +310,7 @@ RECORDED_SWEEP = Path(__file__).resolve().parent.parent / "benchmarks" / "cost_m
 
 
 def test_the_model_curve_passes_within_10_percent_of_a_recorded_sweep():
-    """benchmarks/cost_model_k_sweep: experiment=k_sweep as run for benchmarks/cost_model.md (2-core AMD
+    """benchmarks/cost_model_k_sweep: experiment=k_sweep as run for docs/lab_notes/cost_model.md (2-core AMD
     EPYC). Each draft's curve (its K = 8 run re-priced at K = 1..8 under the run's profile) against
     the speedup measured at every fixed K of the sweep."""
     from specexp.reporting import figures

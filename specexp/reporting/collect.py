@@ -20,12 +20,10 @@ from rich.table import Table
 
 from specexp.cli import fail, one_line_errors
 from specexp.output import markdown_table
-from specexp.study.intervals import INTERVAL_METRICS, column_interval, fmt_interval, interval_columns
+from specexp.study.intervals import column_interval, fmt_interval
+from specexp.study.summary import interval_columns, keys
 
-METRICS = ("alpha", "drafted_acceptance_rate", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup", "cost_ratio_c",
-           "verify_cost_ratio", "mean_k", "k_policy", "predicted_speedup", "realized_over_predicted",
-           "predicted_speedup_iid", "predicted_tokens_per_round", "profile", "greedy_match", "n_prompts",
-           "accepted_per_pass", "nodes_per_pass", "target", "vocab_overlap", "reencode_ms_per_round")
+METRICS = keys(collected=True)  # a study's summary fields that are columns (specexp.study.summary)
 DISTILL_METRICS = ("best_alpha", "steps", "parameters", "draft_vocab_size", "corpus_tokens")
 SHOWN = ("job", "status", "alpha", "tau", "speedup", "predicted_speedup", "realized_over_predicted", "cost_ratio_c")
 
@@ -127,7 +125,7 @@ def shown_table(table: pd.DataFrame) -> pd.DataFrame:
 def cell(row: pd.Series, column: str) -> str:
     """A table cell: a metric with its 95% interval where the job has one ('1.120 [1.050, 1.190]')."""
     value = row[column]
-    if column in INTERVAL_METRICS and isinstance(value, float) and value == value:
+    if column in keys(interval=True) and isinstance(value, float) and value == value:
         note = row.get(f"{column}_ci95_note")
         return fmt_interval(value, column_interval(row, column), note=note if isinstance(note, str) else None)
     return f"{value:.3f}" if isinstance(value, float) else str(value)

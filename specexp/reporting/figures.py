@@ -26,6 +26,7 @@ from specexp.costs.profile import Profile  # noqa: E402
 from specexp.output import markdown_table  # noqa: E402
 from specexp.reporting import plots  # noqa: E402
 from specexp.reporting.collect import collect, validation_history  # noqa: E402
+from specexp.study.summary import arm_metrics  # noqa: E402
 
 
 def study_jobs(paths: list[Path]) -> pd.DataFrame:
@@ -135,24 +136,19 @@ def wandb_jobs(project: str, group: str | None = None) -> pd.DataFrame:
 
 
 def per_prompt_table(jobs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (job, prompt): its alpha, tau and decode-time speedup over AR.
-
-    Per-prompt time is the sum of its rounds' draft, target and verify seconds (prefill
-    excluded; rounds of a batch are shared by its rows).
-    """
+    """One row per (job, prompt): its alpha, tau and decode-time speedup over AR (arm_metrics, timed by
+    the sum of its rounds' draft, target and verify seconds: prefill excluded, and the rounds of a batch
+    are shared by its rows)."""
     rows = []
     for job in jobs.itertuples():
         rounds = pd.read_parquet(Path(job.path) / "rounds.parquet")
-        rounds["seconds"] = rounds["draft_s"] + rounds["target_s"] + rounds["verify_s"]
+        rounds["total_s"] = rounds["draft_s"] + rounds["target_s"] + rounds["verify_s"]
+        rounds["tokens"] = rounds["emitted"]
         for prompt_id, r in rounds.groupby("prompt_id"):
-            spec, ar = metrics.arms(r)
-            spec_rate = metrics.safe_ratio(spec["emitted"].sum(), spec["seconds"].sum())
-            ar_rate = metrics.safe_ratio(ar["emitted"].sum(), ar["seconds"].sum())
+            measured = arm_metrics(r, r.groupby("mode", as_index=False)[["tokens", "total_s"]].sum())
             rows.append({"draft": job.draft, "k": job.k, "temperature": job.temperature, "batch_size": job.batch_size,
-                         "prompt_id": prompt_id, "category": r["category"].iloc[0],
-                         "alpha": metrics.alpha(metrics.positions(spec), spec["accepted"].to_numpy()),
-                         "tau": metrics.tau(spec["emitted"].to_numpy()),
-                         "speedup": metrics.safe_ratio(spec_rate, ar_rate) if spec_rate and ar_rate else None})
+                         "prompt_id": prompt_id, "category": r["category"].iloc[0], "alpha": measured.alpha,
+                         "tau": measured.tau, "speedup": measured.speedup})
     return pd.DataFrame(rows)
 
 

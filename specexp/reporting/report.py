@@ -5,7 +5,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from specexp.study.intervals import INTERVAL_METRICS, fmt_interval
+from specexp.study.intervals import fmt_interval
+from specexp.study.summary import keys
 
 
 def fmt(value) -> str:
@@ -28,7 +29,7 @@ def with_interval(summary: dict, key: str) -> str:
 
 def done_line(label: str, summary: dict) -> str:
     """A multirun job's one line: alpha, tau and speedup with their intervals ('-' for alpha when nothing was drafted)."""
-    return f"[done] {label}: " + " ".join(f"{key}={with_interval(summary, key)}" for key in INTERVAL_METRICS)
+    return f"[done] {label}: " + " ".join(f"{key}={with_interval(summary, key)}" for key in keys(interval=True))
 
 
 def print_summary(summary: dict, out_dir: Path | None = None, console: Console | None = None) -> None:
@@ -37,9 +38,7 @@ def print_summary(summary: dict, out_dir: Path | None = None, console: Console |
     table = Table(title=f"{summary.get('draft')} on {summary.get('target')}, K={k}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("alpha", "acceptance_curve", "tau", "tokens_per_s_spec", "tokens_per_s_ar", "speedup",
-                "cost_ratio_c", "verify_cost_ratio", "mean_k", "predicted_speedup", "realized_over_predicted",
-                "predicted_speedup_iid", "greedy_match", "n_prompts"):
+    for key in keys(shown=True):
         scalar_ci = f"{key}_ci95" in summary and not isinstance(summary.get(key), list)
         value = with_interval(summary, key) if scalar_ci else fmt(summary.get(key))
         table.add_row(key + (" [95% CI]" if scalar_ci else ""), value)

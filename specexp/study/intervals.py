@@ -270,19 +270,6 @@ def speedup_interval(paired: pd.DataFrame, rng: np.random.Generator | None = Non
             "speedup_dof": dof, "speedup_note": None}
 
 
-INTERVAL_METRICS = ("alpha", "tau", "speedup")  # the headline numbers summary.json gives a METRIC_ci95: [lo, hi]
-
-
-def interval_columns(summary: dict) -> dict:
-    """A summary's headline intervals as scalar columns `METRIC_ci95_lo`, `_hi` (None where it has none)
-    and `METRIC_ci95_note` (why it has none, where the summary says)."""
-    columns, notes = {}, summary.get("interval_notes") or {}
-    for metric in INTERVAL_METRICS:
-        columns[f"{metric}_ci95_lo"], columns[f"{metric}_ci95_hi"] = summary.get(f"{metric}_ci95") or (None, None)
-        columns[f"{metric}_ci95_note"] = notes.get(metric)
-    return columns
-
-
 def column_interval(row: pd.Series, metric: str) -> list[float] | None:
     """A job table row's 95% interval of a metric, from its `METRIC_ci95_lo` / `_hi` columns (None without one)."""
     lo, hi = row.get(f"{metric}_ci95_lo"), row.get(f"{metric}_ci95_hi")

@@ -21,12 +21,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specexp.core import metrics
 from specexp.core.engine import GenerationOutput, generate
 from specexp.core.interface import Drafter
 from specexp.core.k_policy import KPolicy
 from specexp.core.sampling import SamplingConfig
-from specexp.costs import cost_model
 from specexp.costs.k_choice import build_draft, make_policy
 from specexp.costs.profile import PROFILED_K, Profile, draft_key, ensure_profile, load_profile
 from specexp.data import Prompt, encode_prompts
@@ -37,6 +35,7 @@ from specexp.runtime import round_rows
 from specexp.runtime.compiled import CompiledDecoder
 from specexp.study import intervals, timing
 from specexp.study.divergence import divergence, divergence_line
+from specexp.study.summary import summarize
 from specexp.study.timing import TimingSettings
 from specexp.study.tracking import JobResults
 
@@ -179,109 +178,6 @@ def batch_record(out: GenerationOutput, mode: str, batch: int, category: str | N
             "total_s": out.total_s, "prefill_s": out.prefill_s, "prompt_length": prompt_length}
 
 
-def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_category: bool = True,
-              profile: Profile | None = None, draft: str = "") -> dict:
-    """Headline metrics of one run, each defined in specexp.core.metrics or in the comment here, with 95%
-    intervals (specexp.study.intervals). ``batches`` holds every timing (repeats included);
-    ``rounds`` what the first pass decoded."""
-    (spec, ar), (spec_b, ar_b) = metrics.arms(rounds), metrics.arms(batches)
-    first_pass = batches[batches["repeat"] == 0] if "repeat" in batches else batches  # what the rounds decoded
-    first_spec, first_ar = metrics.arms(first_pass)
-    per_round = ["batch", "round"]
-    spec_rounds = spec.drop_duplicates(per_round)  # round timings, once per batch round
-    ar_rounds = ar.drop_duplicates(per_round)
-    ar_step_s = ar_rounds["target_s"].mean()  # one target pass over one token
-    drafted_positions = spec_rounds["k_round"].sum()
-    drafted_rounds = spec_rounds[spec_rounds["k_chosen"] > 0] if "k_chosen" in spec_rounds else spec_rounds
-    # c: draft seconds per drafted position / seconds of one AR target step.
-    c = metrics.safe_ratio(spec_rounds["draft_s"].sum() / max(drafted_positions, 1), ar_step_s) if drafted_positions else None
-    depth, accepted = metrics.positions(spec), spec["accepted"].to_numpy()  # a tree's positions are its depths
-    a = metrics.alpha(depth, accepted)
-    tps_spec, tps_ar = metrics.tokens_per_s(spec_b), metrics.tokens_per_s(ar_b)
-    # speedup: spec tokens/s over AR tokens/s on the same prompts; under greedy both emit the
-    # same tokens, so it equals AR seconds / spec seconds.
-    speedup = metrics.safe_ratio(tps_spec, tps_ar) if tps_ar else None
-    k_chosen = spec_rounds["k_chosen"] if "k_chosen" in spec_rounds else pd.Series([k] * len(spec_rounds))
-    mean_k = float(k_chosen.mean()) if len(spec_rounds) else float(k)
-    curve = metrics.acceptance_curve(depth, accepted, k)
-    predicted = {"predicted_speedup": None}
-    never_drafted = not spec_rounds["k_chosen"].any() if "k_chosen" in spec_rounds else k == 0
-    if profile is not None and (draft in profile.drafts or never_drafted) and len(spec) and len(ar):
-        predicted = cost_model.predict_run(spec, ar, first_pass, k, profile, draft) | {"profile": profile.path}
-    paired = intervals.paired_timings(batches)
-    acceptance_cis, speedup_ci = intervals.acceptance_intervals(spec, k), intervals.speedup_interval(paired)
-    notes = acceptance_cis.pop("interval_notes") | ({"speedup": speedup_ci["speedup_note"]} if speedup_ci["speedup_note"] else {})
-    summary = {
-        "alpha": a,  # per draft position (a tree's: per depth along the accepted path)
-        # 95% intervals (specexp.study.intervals): alpha, tau, the curve over prompts; speedup over batches and timings
-        **acceptance_cis,
-        "speedup_ci95": speedup_ci["speedup_ci95"],
-        "interval_notes": notes,  # why a number has no interval (fewer than intervals.MIN_UNITS units)
-        "interval_units": {"prompts": int(spec["prompt_id"].nunique()), "batches": int(paired["batch"].nunique())},
-        # speedup over the timings in which each arm ran first: apart, an order effect of the arms
-        "speedup_by_first_arm": {first: intervals.paired_speedup(rows) for first, rows in
-                                 paired.groupby("first")} if "first" in paired else None,
-        # accepted / proposed draft tokens (a tree's: accepted path / nodes)
-        "drafted_acceptance_rate": metrics.drafted_acceptance_rate(spec["proposed"].to_numpy(), accepted),
-        "acceptance_curve": curve,  # P(position/depth i accepted | earlier ones accepted), i = 1..k
-        "accepted_length_histogram": metrics.accepted_length_histogram(accepted, k),  # rounds accepting 0..k
-        "tau": metrics.tau(spec["emitted"].to_numpy()),
-        "nodes_per_pass": float(spec["proposed"].mean()) if len(spec) else None,  # draft tokens verified per row
-        "accepted_per_pass": float(accepted.mean()) if len(spec) else None,  # draft tokens accepted per row
-        "k": k,
-        "mean_k": mean_k,  # K asked of the draft per round (k itself unless draft.k=auto/heuristic)
-        "tokens_per_s_spec": tps_spec,
-        "tokens_per_s_ar": tps_ar,
-        "speedup": speedup,
-        "cost_ratio_c": c,
-        # verify cost: seconds of a speculative target pass (K+1 tokens) / one AR step.
-        "verify_cost_ratio": metrics.safe_ratio(spec_rounds["target_s"].mean(), ar_step_s),
-        # The cost model's (specexp.costs.cost_model): per-position acceptance, this machine's profile.
-        **predicted,
-        "realized_over_predicted": metrics.safe_ratio(speedup, predicted["predicted_speedup"])
-        if speedup and predicted["predicted_speedup"] else None,
-        # Leviathan et al.'s i.i.d. formula with alpha, c and the mean K (a verify pass priced as one AR step).
-        "predicted_speedup_iid": metrics.predicted_speedup(a, mean_k, c),
-        "time_split": time_split(spec_rounds, first_spec),  # seconds of the speculative run
-        # mean seconds a drafted round spent re-encoding text (a cross-vocabulary draft's tokenizer tax)
-        "reencode_ms_per_round": 1e3 * float(drafted_rounds["reencode_s"].mean())
-        if "reencode_s" in drafted_rounds and len(drafted_rounds) else None,
-        "rounds_spec": int(len(spec_rounds)),
-        "rounds_ar": int(len(ar_rounds)),
-        "tokens_spec": int(first_spec["tokens"].sum()),
-        "tokens_ar": int(first_ar["tokens"].sum()),
-    }
-    categories = sorted(c for c in rounds["category"].dropna().unique())
-    if categories:
-        summary["per_category"] = {cat: category_metrics(spec, spec_b, ar_b, cat, batches_by_category) for cat in categories}
-    return summary
-
-
-def time_split(spec_rounds: pd.DataFrame, first_spec: pd.DataFrame) -> dict[str, float]:
-    """Seconds of the speculative run by part: its rounds' (once per batch round) and its first pass's prefill."""
-    return {
-        "draft": float(spec_rounds["draft_s"].sum()),
-        # of it: re-encoding text between the two tokenizers (a cross-vocabulary draft; else 0)
-        "draft_reencode": float(spec_rounds["reencode_s"].sum()) if "reencode_s" in spec_rounds else 0.0,
-        "target": float(spec_rounds["target_s"].sum()),
-        "verify": float(spec_rounds["verify_s"].sum()),  # verify + commit + rewind bookkeeping
-        "prefill": float(first_spec["prefill_s"].sum()),
-    }
-
-
-def category_metrics(spec: pd.DataFrame, spec_b: pd.DataFrame, ar_b: pd.DataFrame, category: str,
-                     batches_by_category: bool) -> dict:
-    """alpha, tau and speedup of one prompt category (spec rounds; spec and AR batch timings)."""
-    s, sb, ab = (arm[arm["category"] == category] for arm in (spec, spec_b, ar_b))
-    tps_spec, tps_ar = metrics.tokens_per_s(sb), metrics.tokens_per_s(ab)
-    return {
-        "alpha": metrics.alpha(metrics.positions(s), s["accepted"].to_numpy()),
-        "tau": metrics.tau(s["emitted"].to_numpy()),
-        # Only exact when batches never mix categories.
-        "speedup": metrics.safe_ratio(tps_spec, tps_ar) if tps_ar and batches_by_category else None,
-    }
-
-
 def _add_divergences(study: Study, indices: list[int], answers: list[dict]) -> None:
     """Each answer whose greedy arms differ gets its first divergence (one untimed eager pass)."""
     forward = study.forward.decoder if isinstance(study.forward, CompiledDecoder) else study.forward
@@ -370,23 +266,23 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     rounds_df = pd.concat(rounds, ignore_index=True)
     batches_df = pd.DataFrame(batch_records)
     summary = summarize(rounds_df, batches_df, study.k_max, study.batch_by_category, study.profile, study.draft_name)
-    summary["timing"] = timing
-    summary["k_policy"] = study.k_setting
-    summary["draft_profile"] = study.draft_name  # the draft's entry in the profile (profile.json)
-    # greedy_match: fraction of prompts whose speculative tokens equal the AR baseline's. Only defined
-    # under greedy decoding, where it is 1.0 in float32; in bf16 the arms' pass shapes may round a
-    # near-tie apart (greedy_divergences says where, and by how many rounding steps).
-    summary["greedy_match"] = float(np.mean([a["identical"] for a in all_answers])) if study.sampling.greedy else None
-    # where greedy arms differ: the first divergence's logit gap, in the dtype's rounding steps (study/divergence.py)
+    summary.timing = timing
+    summary.k_policy = study.k_setting
+    summary.draft_profile = study.draft_name
+    # greedy_match is only defined under greedy decoding, where it is 1.0 in float32; in bf16 the arms'
+    # pass shapes may round a near-tie apart (greedy_divergences says where, by how many rounding steps).
     divergences = [{"prompt_id": a["prompt_id"], **a["divergence"]} for a in all_answers if a.get("divergence")]
-    summary["greedy_divergences"] = divergences if study.sampling.greedy else None
+    if study.sampling.greedy:
+        summary.greedy_match = float(np.mean([a["identical"] for a in all_answers]))
+        summary.greedy_divergences = divergences
     if divergences:
         print(divergence_line(divergences, len(all_answers), target.model.dtype))
-    summary["n_prompts"] = len(study.prompts)
-    summary["target"] = target.name
-    summary["draft"] = study.draft_config
-    summary["vocab_overlap"] = drafter.traits.vocab_overlap if drafter is not None else None
-    summary["runtime"] = study.runtime | (study.forward.stats() if isinstance(study.forward, CompiledDecoder) else {})
+    summary.n_prompts = len(study.prompts)
+    summary.target = target.name
+    summary.draft = study.draft_config
+    summary.vocab_overlap = drafter.traits.vocab_overlap if drafter is not None else None
+    summary.runtime = study.runtime | (study.forward.stats() if isinstance(study.forward, CompiledDecoder) else {})
+    summary = summary.to_dict()
     results.finish(summary, rounds_df, batches_df, study.profile.record() if study.profile is not None else None)
     tracker.log_run(summary, rounds_df, all_answers)
     return summary

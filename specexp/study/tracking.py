@@ -11,7 +11,7 @@ import pandas as pd
 
 from specexp.output import write_atomic
 from specexp.study.divergence import steps_apart
-from specexp.study.intervals import interval_columns
+from specexp.study.summary import interval_columns, keys
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def wandb_mode(mode: str) -> str:
     return "online" if has_key else "offline"
 
 
-HEADLINE_KEYS = ("speedup", "alpha", "tau", "cost_ratio_c", "predicted_speedup", "realized_over_predicted")
+HEADLINE_KEYS = keys(headline=True)  # the history row at x = k (specexp.study.summary)
 
 
 def divergence_columns(divergence: dict | None) -> list:
