@@ -170,6 +170,9 @@ def test_too_few_units_get_no_interval_and_say_why():
     # position 2 is reached by prompts a and c, position 3 by a only
     assert None not in cis["acceptance_curve_ci95"][:2] and cis["acceptance_curve_ci95"][2] is None
     assert cis["interval_notes"] == {"acceptance_curve[3]": "prompts: 1, fewer than 2"}
+    never = intervals.acceptance_intervals(rounds.assign(proposed=0, accepted=0, emitted=1), 3)  # the A/A control's
+    assert never["tau_ci95"] is None and never["interval_notes"]["tau"] == "no draft tokens: tau is 1 by construction"
+    assert never["alpha_ci95"] is None and "alpha" not in never["interval_notes"]  # no alpha at all: nothing to explain
     assert intervals.fmt_interval(1.5, None, note="batches: 1, fewer than 2") == \
         "1.500 (no interval: batches: 1, fewer than 2)"
 

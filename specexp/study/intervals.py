@@ -146,6 +146,8 @@ def acceptance_intervals(spec_rounds: pd.DataFrame, k: int, rng: np.random.Gener
     sums = prompt_sums(spec_rounds, k)
     alpha, alpha_why = over_units(sums["accepted"], sums["looked_at"], proportion_interval)
     tau, tau_why = over_units(sums["emitted"], sums["rounds"], log_t_interval)
+    if not sums["looked_at"].any():  # nothing drafted: every round commits one token, tau is 1 by construction
+        tau, tau_why = None, "no draft tokens: tau is 1 by construction"
     curve = [over_units(sums["position_accepted"][:, i], sums["position_reached"][:, i], proportion_interval)
              for i in range(k)]
     notes = {"alpha": alpha_why, "tau": tau_why} | {f"acceptance_curve[{i + 1}]": why for i, (_, why) in enumerate(curve)}
