@@ -4,7 +4,7 @@
 
 Each pair converts the same GGUF once each way into fresh folders, the order alternating from pair to
 pair so drift hits both alike; the speedup is plain seconds / parsed-once seconds summed over the
-pairs, with a 95% bootstrap interval over pairs (specexp.study.intervals). Both ways write the same
+pairs, with a 95% t interval on its log over pairs (specexp.study.intervals). Both ways write the same
 files (checked on the first pair).
 """
 
@@ -20,7 +20,7 @@ from common import report_header, write_report
 from tqdm import tqdm
 
 from specexp import models
-from specexp.study.intervals import fmt_interval, percentile_interval, ratio_samples, resample_counts
+from specexp.study.intervals import MIN_UNITS, fmt_interval, log_t_interval
 
 SOURCES = {"smollm2": lambda: (models.embedded_gguf_dir(), models.EMBEDDED_GGUF),
            "gemma3": lambda: (models.assembled_gemma3_gguf().parent, models.assembled_gemma3_gguf().name)}
@@ -60,13 +60,12 @@ def main() -> None:
             if pair == 0 and not same_files(Path(scratch) / "parsed_once-0", Path(scratch) / "plain-0"):
                 raise SystemExit("the two ways wrote different files")
     once, plain = np.array(seconds["parsed_once"]), np.array(seconds["plain"])
-    counts = resample_counts(len(once), 2000, np.random.default_rng(0))
-    interval = percentile_interval(ratio_samples(plain, once, counts)) if len(once) > 1 else None
+    interval = log_t_interval(plain, once) if len(once) >= MIN_UNITS else None  # a ratio of sums over pairs
     lines = report_header(f"GGUF conversion, {args.model}: parsing the file once") + [
         f"{args.pairs} pairs in one process, the order alternating; both ways wrote identical files.", "",
         "| pair | parsed once (s) | plain (s) | plain / parsed once |", "|---|---|---|---|",
         *(f"| {i} | {a:.2f} | {b:.2f} | {b / a:.2f} |" for i, (a, b) in enumerate(zip(once, plain, strict=True))), "",
-        f"Speedup (sum plain / sum parsed once, 95% bootstrap over pairs): "
+        f"Speedup (sum plain / sum parsed once, 95% t interval on its log over pairs): "
         f"**{fmt_interval(plain.sum() / once.sum(), interval, 2)}**"]
     write_report(args.out, lines)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What moves the distilled draft's greedy MT-bench acceptance (benchmarks/distill_levers.md):
+# What moves the distilled draft's greedy MT-bench acceptance (docs/lab_notes/distill_levers.md):
 #   bash experiments/distill_levers.sh
 # 0. The draft these levers started from: experiment=distill_smollm2 (free self-written turns;
 #    the shipped draft until experiment=distill_smollm2_tasks replaced it), ~33 min of training.
