@@ -85,10 +85,27 @@ def sampled_replay(target, drafter_of, prompts, k, sampling, references_per_prom
     rows, references = [p for p, _ in pairs], [ref for _, ref in pairs]
     probs = [teacher_forced(target.model, p, ref, sampling, ())[0] for p, ref in pairs]
     features = [None] * len(rows)
-    q_along = draft_along(drafter_of(), rows, references, features, sampling, torch.Generator().manual_seed(0), CPU) \
-        if along else None
+    q_along = drafter_of().q_along(rows, references, sampling) if along else None  # as the pairing runs it
     return replay(drafter_of(), rows, references, probs, features, k, sampling, torch.Generator().manual_seed(0), CPU,
                   new_tokens=16, q_along=q_along)
+
+
+@pytest.mark.parametrize("min_confidence", [0.0, 0.2])
+def test_a_small_lms_teacher_forced_q_is_its_one_token_proposals_along_the_reference(sharp_target, min_confidence):
+    """q_along (one pass over prompt + R) gives what proposing one token at every prefix of R gives
+    (draft_along, through the draft's contract), a doubtful token's row included (0: not proposed)."""
+    sampling = SamplingConfig(temperature=0.8, top_k=20)
+    other = noisy_copy(sharp_target, noise=0.6, seed=5)
+    prompts = [[3 + i, 7, 11 + i][: 2 + i % 2] for i in range(4)]
+    references = [generate(sharp_target.model, [p], None, sampling, 12 + i, NO_EOS, torch.Generator().manual_seed(i)).tokens[0]
+                  for i, p in enumerate(prompts)]
+    drafter = SmallLMDrafter(sharp_target, other, k=3, min_confidence=min_confidence)
+    stepped = draft_along(drafter, prompts, references, [None] * 4, sampling, torch.Generator().manual_seed(0), CPU)
+    forced = drafter.q_along(prompts, references, sampling)
+    for s_b, f_b, ref in zip(stepped, forced, references, strict=True):
+        assert f_b.shape == (len(ref), sharp_target.vocab_size) and torch.allclose(f_b, s_b, atol=1e-5)
+    if min_confidence:
+        assert any((f_b.sum(-1)[1:] == 0).any() for f_b in forced)  # some prefixes are doubtful: the case is tested
 
 
 def test_a_draft_that_is_its_target_is_accepted_at_every_depth_of_the_sampled_replay(sharp_target):

@@ -83,7 +83,7 @@ class DraftTraits:
     needs_reference: bool = False  # it is shown the target's own greedy continuations first (NeedsReference)
     # its chain draws each token from its own next-token q given the tokens before it (an autoregressive
     # LM), so its q on any prefix is its one-token proposal there: the sampled replay judges every depth
-    # with q on the target's prefix (study/replay.py)
+    # with q on the target's prefix (study/replay.py), which it gives in one pass (MarkovChain.q_along)
     markov_chain: bool = False
     # a draft of another tokenizer: the share of its text tokens the target spells with the same bytes
     # (drafts/vocab_map.py); None: it drafts in the target's own ids
@@ -131,6 +131,14 @@ class SharesTargetPass(Drafter, Protocol):
 
     def target_forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Append [tip, x_1..x_K] ([B, K+1]) to the target's cache; return its logits [B, K+1, V]."""
+
+
+class MarkovChain(Drafter, Protocol):
+    """An autoregressive draft, declared by ``traits.markov_chain``: its q on any prefix is what it
+    would propose there, so it can score a whole continuation in one teacher-forced pass."""
+
+    def q_along(self, prompts: list[list[int]], references: list[list[int]], sampling: SamplingConfig) -> list[torch.Tensor]:
+        """Its q [A_b, V] of each token of reference b on prompt b + the reference's own prefix (row 0: 0)."""
 
 
 class NeedsReference(Drafter, Protocol):

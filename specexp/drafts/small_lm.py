@@ -183,6 +183,32 @@ class SmallLMDrafter:
             return Proposal.empty(ctx.tokens.shape[0], self.vocab_size, ctx.tokens.device)
         return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), n_proposed=n_proposed)  # [B, K'], K' <= K
 
+    @torch.inference_mode()
+    def q_along(self, prompts: list[list[int]], references: list[list[int]], sampling: SamplingConfig) -> list[torch.Tensor]:
+        """The draft's q of every token of each reference on the reference's own prefix [A_b, V] (row 0,
+        the prompt pass's token, and a row the draft is not confident enough to propose: 0), what its
+        one-token proposals along the reference give (study/replay.draft_along), from one teacher-forced
+        pass over prompt + reference per row instead of one draft step per token."""
+        device = self.draft.model.device
+        generator = torch.Generator(device).manual_seed(0)  # sample_draft draws a token too; only q is kept
+        along = []
+        for prompt, reference in zip(prompts, references, strict=True):
+            if len(reference) < 2:  # only the prompt pass's token: nothing drafted along it
+                along.append(torch.zeros(len(reference), self.vocab_size, device=device))
+                continue
+            ids = torch.tensor([prompt + reference[:-1]], device=device)  # [1, P + A - 1]: every prefix's last token
+            kv = new_ragged_kv(self.forward_model, 1, device, capacity=ids.shape[1])
+            # the head only where a prefix of R ends: [A - 1, V_d]
+            logits = kv.forward(self.forward_model, self._draft_ids(ids), torch.ones_like(ids), len(reference) - 1)[0]
+            if self.draft_vocab is None:
+                logits = align_vocab(logits, self.vocab_size)
+            _, q = sample_draft(logits, self.draft_vocab, sampling, generator)  # [A-1, V]
+            if self.min_confidence > 0.0:
+                proposable = logits if self.draft_vocab is None else logits[:, : self.draft_vocab.size]
+                q = q * (top_probability(proposable) >= self.min_confidence)[:, None]
+            along.append(torch.cat([q.new_zeros(1, q.shape[-1]), q]))  # [A, V]: q of R_t on prompt + R_<t, t >= 1
+        return along
+
     def _target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., V_d] -> [..., V] in the target's ids, -inf for tokens it cannot propose."""
         return align_vocab(logits, self.vocab_size) if self.draft_vocab is None else self.draft_vocab.to_target_logits(logits)

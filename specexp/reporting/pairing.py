@@ -19,7 +19,7 @@ from specexp.costs.k_choice import build_draft, resolve_draft_k
 from specexp.drafts.oracle import greedy_continuations
 from specexp.errors import UserInputError
 from specexp.study import intervals
-from specexp.study.replay import ReplayedRounds, acceptance_curve, alpha, draft_along, replay, teacher_forced
+from specexp.study.replay import ReplayedRounds, acceptance_curve, alpha, replay, teacher_forced
 from specexp.study.run import Study, prepare
 
 # Prompts replayed together: a draft's step costs about the same for 8 rows as for 1 on a CPU (its
@@ -103,8 +103,8 @@ def predict_pair(cfg: DictConfig, target_name: str, draft_name: str) -> list[dic
         probs, features = zip(*(teacher_forced(study.target.model, ids, ref, study.sampling, drafter.traits.hidden_layers)
                                 for ids, ref in zip(prompts, continuations, strict=True)), strict=True)
         for key, (replayed, k) in replays.items():
-            q_along = (draft_along(replayed, prompts, continuations, list(features), study.sampling, generator, device)
-                       if replayed.traits.markov_chain and not study.sampling.greedy else None)  # q on R's own prefix
+            q_along = (replayed.q_along(prompts, continuations, study.sampling)  # q on R's own prefix (MarkovChain)
+                       if replayed.traits.markov_chain and not study.sampling.greedy else None)
             rounds[key].extend(replay(replayed, prompts, continuations, list(probs), list(features), k, study.sampling,
                                       generator, device, new_tokens=study.max_new_tokens, q_along=q_along),
                                first_prompt=first)

@@ -16,7 +16,8 @@ round records, for each depth i it proposed, the chance it accepts depths 1..i (
   along R is the round's own q while the draft's tokens are R's (for a deterministic draft the
   product is 0 past its first miss, so that is all it needs), and for a draft whose chain draws
   each token from its next-token q (`DraftTraits.markov_chain`: a small LM) its one-token proposal
-  at every prefix of R (`draft_along`). A stochastic draft of neither kind (EAGLE's, Medusa's
+  at every prefix of R (`MarkovChain.q_along`, one teacher-forced pass; `draft_along` defines it
+  through the draft's contract, one step per token, and tests it). A stochastic draft of neither kind (EAGLE's, Medusa's
   heads) is judged with the round's own q past a miss: exact at depth 1, the i.i.d. reading after.
 A chain only: the proxy of a token tree's acceptance is not built.
 """
