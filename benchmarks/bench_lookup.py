@@ -21,7 +21,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from specexp.core.kv import RaggedKV
 from specexp.data import SPEC_BENCH_FILE, question_jsonl
-from specexp.drafts.context_index import ContextIndex
+from specexp.drafts.parts.context_index import ContextIndex
 from specexp.models import load_embedded_target
 
 

@@ -39,8 +39,8 @@ from transformers.generation import candidate_generator
 from specexp.cli import CONFIG_DIR
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.costs.k_choice import build_draft
 from specexp.data import encode_prompts, mt_bench, spec_bench
+from specexp.drafts.build import build_draft
 from specexp.drafts.small_lm import small_lm_draft
 from specexp.models import LoadedModel, load_embedded_gemma3, load_embedded_target
 from specexp.runtime import LeanRuntime, round_rows

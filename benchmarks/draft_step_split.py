@@ -28,7 +28,7 @@ from common import machine
 from specexp.core.interface import Context
 from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.quantize import Int8WeightLinear
+from specexp.drafts.parts.quantize import Int8WeightLinear
 from specexp.drafts.small_lm import DISTILLED_DRAFT, SmallLMDrafter
 from specexp.models import load_embedded_target
 

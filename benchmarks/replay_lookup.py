@@ -19,7 +19,7 @@ from common import decode_ours
 from tqdm import tqdm
 
 from specexp.data import SPEC_BENCH_FILE, encode_prompts
-from specexp.drafts.context_index import ContextIndex
+from specexp.drafts.parts.context_index import ContextIndex
 from specexp.drafts.prompt_lookup import cap_continuation
 from specexp.models import load_embedded_target
 

@@ -34,10 +34,10 @@ from common import decode_ours, machine
 from specexp.core.kv import hidden_features
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.data import encode_prompts, mt_bench
-from specexp.drafts.eagle_head import EagleHead
-from specexp.drafts.feature_head import FeatureHead
-from specexp.drafts.medusa_heads import MedusaHeads
-from specexp.drafts.quantize import quantize_linears
+from specexp.drafts.parts.eagle_head import EagleHead
+from specexp.drafts.parts.feature_head import FeatureHead
+from specexp.drafts.parts.medusa_heads import MedusaHeads
+from specexp.drafts.parts.quantize import quantize_linears
 from specexp.models import LoadedModel, load_embedded_target, load_model
 from specexp.ngram.corpus import self_written_prompts
 from specexp.output import markdown_table

@@ -1,6 +1,7 @@
 """What the command-line entry points share (`python -m specexp`, `python -m specexp.distill`, ...):
 where the configs live, and how bad input becomes one line naming the value and what is allowed."""
 
+import argparse
 import shutil
 import sys
 from collections.abc import Iterator
@@ -52,6 +53,14 @@ def fail(message: object) -> NoReturn:
     """End a command with one `error: MESSAGE` line on stderr and exit status 2."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """Every command's own options (argparse; Hydra overrides follow where a command composes configs):
+    its --help is its own page, a bad option one `error:` line (exit 2) pointing at that page."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} ({self.prog} --help)")
 
 
 @contextmanager

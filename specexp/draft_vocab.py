@@ -8,7 +8,9 @@ which keeps verification exact (the rule only needs q to be a distribution the d
 from). Saved as `draft_vocab.json` next to the model, where `small_lm` finds it.
 """
 
+import hashlib
 import json
+import weakref
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,6 +22,29 @@ from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.errors import UserInputError
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+def vocab_fingerprint(target) -> str:
+    """Identifies a target's token-id space (``target``: a models.LoadedModel): a hash of its tokenizer's
+    vocabulary (or its size). A draft vocabulary, an n-gram file or a head keeps the one it was made for."""
+    if target.tokenizer is None:
+        return f"vocab_size={target.vocab_size}"
+    return f"vocab_size={target.vocab_size}:sha256={vocab_hash(target.tokenizer)}"
+
+
+# tokenizer -> (its length, the hash): a feature head's load and an n-gram job each ask several times
+# for a hash that takes ~0.1 s (a 49k-token vocabulary, sorted and serialised); a tokenizer that gained
+# tokens is hashed again
+_VOCAB_HASHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # PreTrainedTokenizerBase -> (len, hash)
+
+
+def vocab_hash(tokenizer) -> str:
+    """A hash of a tokenizer's vocabulary (kept per tokenizer until it gains tokens)."""
+    size, kept = len(tokenizer), _VOCAB_HASHES.get(tokenizer)
+    if kept is None or kept[0] != size:
+        vocab = json.dumps(sorted(tokenizer.get_vocab().items())).encode()
+        kept = _VOCAB_HASHES[tokenizer] = size, hashlib.sha256(vocab).hexdigest()[:16]
+    return kept[1]
 
 
 def frequent_tokens(documents: Iterable[list[int]], n: int, always: Iterable[int] = ()) -> list[int]:

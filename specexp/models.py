@@ -32,12 +32,24 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 
 
+@dataclass(frozen=True)
+class StudentTraits:
+    """What distillation needs to know of a model it trains, declared by the builder that makes it
+    (conf/student/*.yaml's): the defaults are a causal LM's, on the target's ids or a draft vocabulary."""
+
+    generates: bool = True  # continues text by itself: on-policy steps sample it (a causal LM; a head reads the target)
+    reads_target_ids: bool = False  # takes the target's ids even with a reduced vocabulary (an exit head)
+    reads_features: bool = False  # reads the target's hidden states (a FeatureHead): FeatureDistillModule trains it
+    hf_folder: bool = True  # exports an HF model folder (tokenizer and draft vocabulary beside it); else its own
+
+
 @dataclass
 class LoadedModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None  # None for tiny test models that work on ids
     name: str
     draft_vocab: DraftVocab | None = None  # a reduced-vocabulary draft's map to its target's ids
+    as_student: StudentTraits = StudentTraits()  # what distillation reads of it, when it is trained
 
     @property
     def vocab_size(self) -> int:

@@ -1,56 +1,54 @@
 """`python -m specexp.pairing`: which draft for which target, predicted before decoding (the command;
 the replay is specexp/study/replay.py, the pricing costs/cost_model.round_yields and price_rounds)."""
 
+import argparse
 import sys
 from pathlib import Path
 
-USAGE = """usage: python -m specexp.pairing [--targets A,B,...] [--drafts X,Y,...] [--profile FILE] [--out DIR]
-                                 [OVERRIDES ...]
+from specexp.cli import CommandParser
 
-For each target x draft, on a study's prompts and sampling (the same Hydra config groups and
-overrides as `python -m specexp`: data=, sampling=, data.limit=, max_new_tokens=, ...): the target
+DESCRIPTION = """For each target x draft, on a study's prompts and sampling (OVERRIDES: the same Hydra config groups
+and overrides as `python -m specexp`: data=, sampling=, data.limit=, max_new_tokens=, ...): the target
 writes its continuation of every prompt once, each draft is replayed along it with no target pass
 (greedy: the study's own rounds; sampled: exact in expectation at every depth), and every K from 0
-(not drafting) to the draft's k_max is priced with this machine's hardware profile of the target (measured once
-and cached, as a study does) or --profile FILE's. Prints the table and each target's ranking of
-its drafts by predicted speedup at their best K; writes DIR/pairing.parquet and pairing.csv
-(default DIR: outputs/pairing). A draft that does not apply to a target is skipped with one line.
-Defaults: --targets default, --drafts prompt_lookup,target_prefix,distilled,eagle,medusa."""
-
-DEFAULT_DRAFTS = "prompt_lookup,target_prefix,distilled,eagle,medusa"
+(not drafting) to the draft's k_max is priced with this machine's hardware profile of the target
+(measured once and cached, as a study does) or --profile FILE's. Prints the table and each target's
+ranking of its drafts by predicted speedup at their best K; writes DIR/pairing.parquet and pairing.csv.
+A draft that does not apply to a target is skipped with one line."""
 
 
-def option(args: list[str], name: str, default: str | None) -> str | None:
-    """Pop ``name VALUE`` from args (one-line error when the value is missing)."""
-    from specexp.cli import fail
-
-    if name not in args:
-        return default
-    i = args.index(name)
-    if i + 1 >= len(args):
-        fail(f"{name} needs a value (python -m specexp.pairing --help)")
-    value = args.pop(i + 1)
-    args.pop(i)
-    return value
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The command's options, and the Hydra overrides that follow them."""
+    parser = CommandParser(prog="python -m specexp.pairing", description=DESCRIPTION,
+                                     usage="%(prog)s [--targets A,B] [--drafts X,Y] [--profile FILE] [--out DIR] [OVERRIDES ...]",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--targets", default="default", help="target configs, comma-separated (default: default)")
+    parser.add_argument("--drafts", default=None, help="draft configs, comma-separated (default: the drafts whose YAML "
+                        "card says pairing: true: prompt_lookup, target_prefix, distilled, eagle, medusa)")
+    parser.add_argument("--profile", default=None, help="price with this profile JSON instead of this machine's")
+    parser.add_argument("--out", default="outputs/pairing", help="folder of pairing.parquet and pairing.csv "
+                        "(default: outputs/pairing)")
+    options, overrides = parser.parse_known_args(argv)
+    if unknown := [a for a in overrides if a.startswith("--")]:
+        parser.error(f"unrecognized option {unknown[0]}")
+    return options, overrides
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m specexp.pairing [options] [overrides]` (USAGE)."""
+    """`python -m specexp.pairing [options] [overrides]` (DESCRIPTION)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     from specexp.cli import CONFIG_DIR, fail, one_line_errors, unknown_choice, user_error
+    from specexp.drafts.registry import pairing_drafts
     from specexp.errors import DraftDoesNotApply
-    from specexp.reporting.pairing import predict_pair, write_predictions
+    from specexp.reporting.ranking import write_predictions
+    from specexp.study.prediction import predict_pair
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    if {"-h", "--help"} & set(args):
-        print(USAGE)
-        return
-    targets = option(args, "--targets", "default").split(",")
-    drafts = option(args, "--drafts", DEFAULT_DRAFTS).split(",")
-    profile = option(args, "--profile", None)
-    out = Path(option(args, "--out", "outputs/pairing"))
+    options, args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    targets = options.targets.split(",")
+    drafts = options.drafts.split(",") if options.drafts else pairing_drafts()
+    profile, out = options.profile, Path(options.out)
     if profile is not None and not Path(profile).is_file():
         fail(f"--profile {profile} does not exist; give a profile JSON (python -m specexp.profile --out FILE)")
     if (message := unknown_choice([*args, *(f"target={t}" for t in targets), *(f"draft={d}" for d in drafts)])):

@@ -129,7 +129,7 @@ def random_exit_head(target: LoadedModel, exit_layer: int, keep_every: int = 2, 
     """A "trained" exit head without training: a random non-zero adapter and a reduced vocabulary
     (every keep_every-th id + EOS), so its q is neither the untrained head's nor full-support."""
     from specexp.draft_vocab import DraftVocab
-    from specexp.drafts.exit_head import ExitHead
+    from specexp.drafts.parts.exit_head import ExitHead
     from specexp.runtime.decoder import lean_decoder
 
     kept = sorted(set(range(0, target.vocab_size, keep_every)) | {EOS})
@@ -173,7 +173,8 @@ def build_ngram_files(target: LoadedModel, folder, seed: int = 0) -> dict[str, s
     noise, so the drafts agree with the target part of the time, greedy and sampled."""
     from specexp.core.engine import generate
     from specexp.core.sampling import SamplingConfig
-    from specexp.ngram.corpus import join_documents, vocab_fingerprint
+    from specexp.draft_vocab import vocab_fingerprint
+    from specexp.ngram.corpus import join_documents
     from specexp.ngram.datastore import SuffixDatastore
     from specexp.ngram.kneser_ney import KneserNeyLM
 

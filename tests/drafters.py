@@ -10,8 +10,9 @@ from specexp.drafts.eagle import EagleDrafter
 from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
 from specexp.drafts.medusa import MedusaDrafter
 from specexp.drafts.ngram_lm import NgramLMDrafter
+from specexp.drafts.parts.quantize import quantize_linears
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
-from specexp.drafts.quantize import quantize_linears
+from specexp.drafts.registry import draft_cards
 from specexp.drafts.retrieval import RetrievalDrafter
 from specexp.drafts.small_lm import SmallLMDrafter, target_prefix_drafter, top_probability
 from specexp.models import LoadedModel
@@ -119,7 +120,7 @@ def every_other_token(target: LoadedModel, keep_every: int | None):
 def eagle_head(target: LoadedModel, hidden_layers: tuple[int, ...], keep_every: int | None = None, steps: int = 150):
     """An EAGLE head for a tiny target, briefly fitted with two unrolled steps; with ``keep_every``
     a reduced vocabulary and its own head. Exactness holds for any head."""
-    from specexp.drafts.eagle_head import EagleHead
+    from specexp.drafts.parts.eagle_head import EagleHead
 
     key = ("eagle", target.name, tuple(hidden_layers), keep_every, steps)
     if key not in _FITTED:
@@ -132,7 +133,7 @@ def eagle_head(target: LoadedModel, hidden_layers: tuple[int, ...], keep_every: 
 
 def medusa_heads(target: LoadedModel, n_heads: int = 4, keep_every: int | None = None, steps: int = 150):
     """Medusa heads for a tiny target, briefly fitted."""
-    from specexp.drafts.medusa_heads import MedusaHeads
+    from specexp.drafts.parts.medusa_heads import MedusaHeads
 
     key = ("medusa", target.name, n_heads, keep_every, steps)
     if key not in _FITTED:
@@ -192,20 +193,61 @@ DRAFT_KINDS = {
 }
 
 
-# The exactness grid's case for each shipped draft config (the registry: conf/draft/NAME.yaml); a new
-# draft's YAML needs a case here (tests/test_exactness.py fails until it has one), or a reason below.
-GRID_CASE_OF_CONFIG = {
-    "small_lm": "disagree", "target_prefix": "target_prefix", "distilled": "distilled_like",
-    "distilled_confident": "distilled_like", "prompt_lookup": "prompt_lookup", "ngram_lm": "ngram_lm",
-    "retrieval": "retrieval", "early_exit": "early_exit_shared", "eagle": "eagle", "medusa": "medusa",
-}
-NOT_IN_THE_SAMPLED_GRID = {
-    "none": "never proposes: test_intervals.py::test_the_no_draft_never_proposes",
-    "oracle": "greedy only (traits.greedy_only): test_oracle.py checks its greedy identity",
-    "smollm2_135m": "another tokenizer than the grid's id-only models: test_cross_vocab.py samples both mappings "
-                    "over two trained tokenizers",
-    "gemma3_270m": "the same cross-vocabulary drafter as smollm2_135m (test_cross_vocab.py), with the other model",
-}
+def config_builder(name: str, overrides: dict, config_dirs: tuple[str, ...] = ()):
+    """A DRAFT_KINDS builder of ``draft=NAME`` as a study builds it from its YAML (drafts/build.py), at
+    a fixed K, with ``overrides`` (its card's exactness.overrides) set; ``{other}`` in a value is a
+    folder holding the same-vocabulary model, ``{lm}`` / ``{store}`` the n-gram files."""
+    def build(target, other, k, files):
+        from hydra import compose, initialize_config_dir
+
+        from specexp.cli import CONFIG_DIR
+        from specexp.drafts.build import build_draft
+
+        searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in config_dirs)}]"] if config_dirs else []
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose("config", overrides=[f"draft={name}", f"draft.k={k}", *searchpath])
+        names = {"other": saved_folder(other), **files}
+        for key, value in overrides.items():
+            cfg.draft[key] = value.format(**names) if isinstance(value, str) else value
+        return build_draft(cfg.draft, target).drafter
+    return build
+
+
+def saved_folder(model: LoadedModel) -> str:
+    """A folder holding ``model`` (saved once per model), as a user's draft.model=PATH."""
+    import tempfile
+
+    if id(model) not in _SAVED:
+        folder = tempfile.mkdtemp(prefix="draft-model-")
+        model.model.save_pretrained(folder)
+        _SAVED[id(model)] = (model, folder)  # the model kept alive: its id is not reused
+    return _SAVED[id(model)][1]
+
+
+_SAVED = {}
+
+
+def grid_cases(cards) -> tuple[dict[str, str], dict[str, str]]:
+    """From the drafts' cards (drafts/registry.py): each config's exactness-grid kind (a DRAFT_KINDS case, or
+    ``config:NAME`` built from its YAML) and, for those the sampled grid leaves out, the reason and the test
+    that covers them instead."""
+    in_grid, left_out = {}, {}
+    for name, card in cards.items():
+        if "none" in card.exactness:
+            left_out[name] = card.exactness["none"]
+        elif "case" in card.exactness:
+            in_grid[name] = card.exactness["case"]
+        elif "overrides" in card.exactness:
+            in_grid[name] = f"config:{name}"
+    return in_grid, left_out
+
+
+# The exactness grid's case for each registered draft config (conf/draft/NAME.yaml's card.tests.exactness;
+# tests/test_exactness.py fails for a config that declares none), and the shipped configs the grid builds
+# from their own YAML.
+GRID_CASE_OF_CONFIG, NOT_IN_THE_SAMPLED_GRID = grid_cases(draft_cards())
+DRAFT_KINDS |= {kind: config_builder(name, draft_cards()[name].exactness["overrides"])
+                for name, kind in GRID_CASE_OF_CONFIG.items() if kind == f"config:{name}"}
 
 
 def make_drafter(kind: str, target: LoadedModel, other: LoadedModel, k: int, files: dict[str, str]) -> Drafter:

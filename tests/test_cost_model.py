@@ -13,7 +13,7 @@ from specexp.core.interface import Context, Proposal
 from specexp.core.k_policy import HeuristicK, ModelK, expected_tokens
 from specexp.core.tree_policy import TreeK, slot_counts
 from specexp.costs import cost_model
-from specexp.costs.profile import Profile
+from specexp.costs.hardware_profile import Profile
 from specexp.errors import UserInputError
 from specexp.study.summary import summarize
 from tests.commands import run_each, run_module
@@ -174,7 +174,7 @@ def test_a_draft_entry_is_measured_again_when_the_drafts_weights_change(tmp_path
     """A head retrained into the same folder keeps its config (the entry's name) but not its
     acceptance: the profile measures its entry again instead of starting K from the old head's."""
     from specexp.core.sampling import SamplingConfig
-    from specexp.costs import profile as profile_module
+    from specexp.costs import hardware_profile as profile_module
     from specexp.drafts.small_lm import SmallLMDrafter
     from specexp.models import LoadedModel
     from tests.conftest import tiny_model
@@ -203,7 +203,7 @@ def test_a_quick_profile_times_a_draft_at_a_few_k_and_interpolates_the_rest(tmp_
     other K priced on the line between its neighbours (past the largest: the last segment's slope),
     and such a profile kept apart from one timed at every K."""
     from specexp.core.sampling import SamplingConfig
-    from specexp.costs import profile as profile_module
+    from specexp.costs import hardware_profile as profile_module
     from specexp.drafts.small_lm import SmallLMDrafter
     from specexp.models import LoadedModel
     from tests.conftest import tiny_model
@@ -266,7 +266,7 @@ def test_jobs_sharing_the_profile_cache_take_turns(tmp_path, monkeypatch):
     import threading
 
     from specexp.core.sampling import SamplingConfig
-    from specexp.costs import profile as profile_module
+    from specexp.costs import hardware_profile as profile_module
     from specexp.drafts.small_lm import SmallLMDrafter
     from specexp.models import LoadedModel
     from tests.conftest import tiny_model
@@ -298,7 +298,7 @@ def test_profile_acceptance_counts_follow_the_rule():
     round (finished) count nothing."""
     from types import SimpleNamespace
 
-    from specexp.costs.profile import acceptance_counts
+    from specexp.costs.hardware_profile import acceptance_counts
 
     out = SimpleNamespace(n_proposed=torch.tensor([[3, 2], [3, 0]]), n_accepted=torch.tensor([[1, 2], [3, 0]]),
                           active=torch.tensor([[True, True], [True, False]]))
@@ -349,8 +349,8 @@ BAD_K_SETTINGS = {
     "profile.path=/nonexistent.json": "profile.path='/nonexistent.json' is not a file",
     "profile.draft_ks=[0,2]": "profile.draft_ks=[0, 2] is not allowed; give K >= 1, or null for every K",
     "draft=distilled draft.tree=auto": "draft.tree=auto sizes a token tree; give draft.branches >= 2 (draft.branches=1)",
-    "draft.branches=3": "draft.k=auto prices chains and dynamic trees (draft.k=auto: small_lm, distilled, "
-                        "target_prefix, ngram_lm); this token tree (draft.branches=3) takes a fixed node budget",
+    "draft.branches=3": "draft.k=auto prices chains, and with auto the dynamic trees of a draft that grows them "
+                        "(traits.grows_trees); this token tree (draft.branches=3) takes a fixed node budget",
 }
 
 
@@ -438,7 +438,8 @@ def test_draft_k_heuristic_builds_the_draft_for_k_max_under_hf_schedule(target):
     from hydra import compose, initialize_config_dir
 
     from specexp.cli import CONFIG_DIR
-    from specexp.costs.k_choice import build_draft, make_policy
+    from specexp.costs.k_choice import make_policy
+    from specexp.drafts.build import build_draft
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["draft=prompt_lookup", "draft.k=heuristic", "draft.k_max=6"])

@@ -26,8 +26,8 @@ from transformers import PreTrainedTokenizerFast
 from specexp.core import engine
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.cross_vocab import CrossVocabDrafter
+from specexp.drafts.parts.vocab_map import token_bytes, vocab_map
 from specexp.drafts.small_lm import SmallLMDrafter, small_lm_draft
-from specexp.drafts.vocab_map import token_bytes, vocab_map
 from specexp.errors import UserInputError
 from tests.commands import SMOKE_STUDY, run_each, run_smoke_study
 from tests.conftest import EOS, tiny_model

@@ -148,7 +148,7 @@ def test_mask_is_causal_over_valid_slots_and_padding_queries_see_everything():
 def test_int8_drafts_fuse_their_projections_exactly():
     """A draft with int8 weights (draft.quantize): q/k/v and gate/up become one int8 kernel each,
     its logits equal to the int8 model's own forward (per-channel scales concatenate exactly)."""
-    from specexp.drafts.quantize import quantize_linears
+    from specexp.drafts.parts.quantize import quantize_linears
     from specexp.runtime.int8 import Int8WeightLinear
 
     model = quantize_linears(tiny("llama").float(), "int8")

@@ -172,7 +172,7 @@ def test_distill_command_end_to_end(tmp_path, tiny_local_conf):
             "trainer.log_every_n_steps=1", "trainer_logger=csv", f"hydra.run.dir={run_dir}"]
     out = run_distill(*args)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "student exported to" in out.stdout
+    assert "student exported to" in out.stdout and "decode with it: python -m specexp draft=small_lm draft.model=" in out.stdout
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
     header = next((run_dir / "logs").rglob("metrics.csv")).read_text().splitlines()[0]
     assert "val/alpha" in header and "lr-AdamW" in header  # the logger got the metric and the LR
@@ -209,6 +209,8 @@ def test_exit_head_command_end_to_end(tmp_path, tiny_local_conf):
                       "trainer.val_check_interval=2", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     head = run_dir / "student"
+    # the draft whose card says student=exit_head trains it, and where the folder goes
+    assert f"decode with it: python -m specexp draft=early_exit draft.head={head}" in out.stdout
     assert sorted(p.name for p in head.iterdir()) == ["draft_vocab.json", "exit_head.json", "exit_head.safetensors"]
     assert json.loads((head / "exit_head.json").read_text())["exit_layer"] == 4
     result = json.loads((run_dir / "result.json").read_text())

@@ -1,4 +1,4 @@
-"""EAGLE-2-style dynamic token trees (drafts/dynamic_tree.py) and the small-LM and n-gram drafts
+"""EAGLE-2-style dynamic token trees (drafts/parts/dynamic_tree.py) and the small-LM and n-gram drafts
 that grow them: level sizes, sibling draws, the draft's own tree cache, bad arguments. End-to-end
 exactness of every tree draft (greedy K = 1..8, B = 1, 3; sampled chi-square) is in test_engine
 and test_exactness, which take them from tests.drafters.DRAFT_KINDS."""
@@ -8,8 +8,8 @@ import torch
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.dynamic_tree import draw_children, level_sizes
 from specexp.drafts.ngram_lm import NgramLMDrafter
+from specexp.drafts.parts.dynamic_tree import draw_children, level_sizes
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 

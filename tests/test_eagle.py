@@ -15,7 +15,7 @@ from specexp.core.sampling import SamplingConfig
 from specexp.distill.features import FeatureDistillModule, eagle_student, teacher_pass
 from specexp.draft_vocab import DraftVocab
 from specexp.drafts.eagle import EagleDrafter, eagle_drafter
-from specexp.drafts.eagle_head import EagleHead, unrolled_mask
+from specexp.drafts.parts.eagle_head import EagleHead, unrolled_mask
 from specexp.errors import UserInputError
 from tests.commands import on_tiny_local_target, run_distill, run_smoke_study
 from tests.conftest import EOS, tiny_model

@@ -13,7 +13,7 @@ from specexp.core.sampling import SamplingConfig
 from specexp.distill.data import token_blocks
 from specexp.distill.module import DistillModule
 from specexp.drafts.early_exit import SharedEarlyExitDrafter, early_exit_drafter
-from specexp.drafts.exit_head import HEAD_CONFIG, ExitHead, exit_head_student
+from specexp.drafts.parts.exit_head import HEAD_CONFIG, ExitHead, exit_head_student
 from specexp.errors import UserInputError
 from specexp.runtime.decoder import lean_decoder
 from tests.conftest import EOS, random_exit_head, tiny_model

@@ -60,10 +60,12 @@ CI_CASES = [pytest.param(*case, marks=() if quick(n // len(KS), n % len(KS)) els
 
 
 def test_every_shipped_draft_is_in_the_grid():
-    """The registry of drafts (conf/draft/*.yaml) against the grid: each config has a case that CI runs."""
-    from specexp.reporting.plots import known_drafts
+    """The registry of drafts (conf/draft/*.yaml) against the grid: each config's card declares its case
+    (a case CI runs) or why another test covers it."""
+    from specexp.drafts.registry import draft_names
 
-    assert set(known_drafts()) == set(GRID_CASE_OF_CONFIG) | set(NOT_IN_THE_SAMPLED_GRID)
+    assert set(draft_names()) == set(GRID_CASE_OF_CONFIG) | set(NOT_IN_THE_SAMPLED_GRID)
+    assert set(GRID_CASE_OF_CONFIG.values()) <= set(DRAFT_KINDS)
     ci_kinds = {param.values[0] for param in CI_CASES if not param.marks}
     assert set(GRID_CASE_OF_CONFIG.values()) <= ci_kinds
 
@@ -92,16 +94,17 @@ def decode_counts(target, drafter, sampling: SamplingConfig, seed: int) -> tuple
     return counts, out
 
 
-def check_case(pair, kind: str, k: int, sampling_name: str) -> tuple[float, float, engine.GenerationOutput]:
-    """p-value and detectable TVD of one case, after checking the case can tell (power, cutting)."""
+def check_case(pair, kind: str, k: int, sampling_name: str, build=None) -> tuple[float, float, engine.GenerationOutput]:
+    """p-value and detectable TVD of one case, after checking the case can tell (power, cutting);
+    ``build``: a draft outside DRAFT_KINDS (target, other, k, files -> drafter)."""
     target, other, files = pair
     sampling = SAMPLINGS[sampling_name]
     expected = torch.stack([exact_joint(target, p, sampling) for p in PROMPTS])  # [3, V^3]
     if sampling_name != "t1":  # the warp really cuts: some continuations become impossible
         unwarped = torch.stack([exact_joint(target, p, SamplingConfig(temperature=sampling.temperature)) for p in PROMPTS])
         assert bool(((expected == 0) & (unwarped > 0)).any())
-    drafter = make_drafter(kind, target, other, k, files)
-    counts, out = decode_counts(target, drafter, sampling, seed=100 * KINDS.index(kind) + k)
+    drafter = make_drafter(kind, target, other, k, files) if build is None else build(target, other, k, files)
+    counts, out = decode_counts(target, drafter, sampling, seed=100 * (KINDS.index(kind) if kind in KINDS else 99) + k)
     p_value, dof = grouped_chi_square(counts, expected)
     return p_value, detectable_tvd(ROWS, dof), out
 
@@ -112,7 +115,12 @@ def check_case(pair, kind: str, k: int, sampling_name: str) -> tuple[float, floa
 @pytest.mark.xdist_group("exactness_grid")
 @pytest.mark.parametrize(("kind", "k", "sampling_name"), CI_CASES)
 def test_sampled_tokens_1_to_3_follow_the_target(pair, kind, k, sampling_name):
-    p_value, tvd, out = check_case(pair, kind, k, sampling_name)
+    assert_follows_the_target(pair, kind, k, sampling_name)
+
+
+def assert_follows_the_target(pair, kind: str, k: int, sampling_name: str, build=None) -> None:
+    """The grid's case (``build``: a draft outside DRAFT_KINDS, as check_case takes it)."""
+    p_value, tvd, out = check_case(pair, kind, k, sampling_name, build)
     assert tvd <= MAX_DETECTABLE_TVD, f"too few rows: this case only detects a TVD >= {tvd:.3f}"
     assert p_value > P_VALUE_THRESHOLD, (
         f"{kind} K={k} {sampling_name}: tokens 1..3 do not follow the target (p = {p_value:.2e}; "
@@ -156,7 +164,7 @@ def test_a_broken_residual_is_caught_quick(pair, kind, k, sampling_name, monkeyp
 def test_tree_siblings_priced_as_iid_draws_are_caught(pair, kind, k, sampling_name, monkeypatch):
     """The control for dynamic trees: siblings drawn without replacement but handed to the rule
     with their parent's q (as if drawn i.i.d.) must fail the same test (by hand: p ~ 1e-69, 1e-129)."""
-    from specexp.drafts import dynamic_tree
+    from specexp.drafts.parts import dynamic_tree
 
     draw = dynamic_tree.draw_children
 
@@ -180,7 +188,7 @@ def default_pair():
     from hydra import compose, initialize_config_dir
 
     from specexp.cli import CONFIG_DIR
-    from specexp.costs.k_choice import build_draft
+    from specexp.drafts.build import build_draft
     from specexp.models import load_embedded_target
 
     target = load_embedded_target("float32", "cpu")

@@ -218,14 +218,16 @@ def test_jobs_with_intervals_get_error_bars_and_the_headline_says_them(synthetic
 
 
 def test_every_registered_draft_and_its_variants_get_their_own_colour():
-    from specexp.reporting.plots import known_drafts
+    from specexp.drafts.registry import draft_names
 
-    registered = known_drafts()
+    registered = draft_names()
     assert {"eagle", "medusa", "oracle", "early_exit", "prompt_lookup"} <= set(registered)
     labels = registered + ["early_exit/trained/shared", "early_exit/untrained/naive", "my_new_draft"]
     palette = plots.draft_palette(labels)
     assert set(palette) == set(labels) and len(set(palette.values())) == len(labels)
     assert plots.draft_palette(["eagle"])["eagle"] == palette["eagle"]  # stable whatever else is in the figure
+    declared = plots.draft_palette(["my_new_draft", "eagle"], {"my_new_draft": "#8000ff"})  # its card's colour
+    assert declared["my_new_draft"] == (128 / 255, 0.0, 1.0) and declared["eagle"] == palette["eagle"]
 
 
 def test_pairing_matrix_annotates_measured_intervals_predictions_and_leaves_skipped_pairs_blank():

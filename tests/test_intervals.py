@@ -22,8 +22,9 @@ from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt
 from specexp.drafts.none import NoDrafter
-from specexp.drafts.oracle import OracleDrafter, greedy_continuations
+from specexp.drafts.oracle import OracleDrafter
 from specexp.study import intervals, timing
+from specexp.study.references import greedy_continuations
 from specexp.study.run import Study, round_table, run_study
 from specexp.study.timing import TimingSettings
 from specexp.study.tracking import JobResults, NullTracker

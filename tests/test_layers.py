@@ -91,7 +91,7 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def unit(module: str) -> str:
-    """specexp.costs.profile -> costs; specexp.cli -> cli."""
+    """specexp.costs.hardware_profile -> costs; specexp.cli -> cli."""
     return module.split(".")[1] if "." in module else module
 
 
@@ -121,3 +121,35 @@ def test_every_import_points_down_the_layers():
     upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
                     if unit(m) != "specexp" and rank[unit(d)] > rank[unit(m)])
     assert not upward, f"imports that point up the layers: {upward}"
+
+
+# Contracts declared by the parts that hold them, never asked of an object: the draft's (DraftTraits), a
+# forward's (core/kv.ForwardTraits, declared by the decoders), a student's (models.StudentTraits, set by its
+# builder), the compiled runtime's (PreparedRuntime.compiled).
+PROBED_CONTRACTS = {"CompiledDecoder", "LeanDecoder", "EarlyExitModel", "FeatureHead", "PreTrainedModel", "EagleHead",
+                    "MedusaHeads", "ExitHead", "generate", "reads_target_ids", "traits", "shares_target_pass",
+                    "hidden_layers", "mode", "takes_block_mask", "takes_static_cache", "held_cache"}
+
+
+def probes(tree: ast.AST) -> list[str]:
+    """Each isinstance / hasattr / getattr call in a module that asks about one of PROBED_CONTRACTS."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "hasattr",
+                                                                                               "getattr"):
+            asked = {n.id for arg in node.args[1:] for n in ast.walk(arg) if isinstance(n, ast.Name)}
+            asked |= {n.value for arg in node.args[1:] for n in ast.walk(arg) if isinstance(n, ast.Constant)}
+            if asked & PROBED_CONTRACTS:
+                found.append(f"line {node.lineno}: {node.func.id}(..., {', '.join(map(str, sorted(asked)))})")
+    return found
+
+
+def test_drafts_forwards_students_and_the_compiled_runtime_are_declared_not_probed():
+    found = {str(path.relative_to(REPO)): hits for path in sorted((REPO / "specexp").rglob("*.py"))
+             if (hits := probes(ast.parse(path.read_text())))}
+    assert not found, f"probes of a declared contract (declare it instead): {found}"
+
+
+def test_the_probe_finder_finds_a_probe():
+    assert probes(ast.parse("ok = isinstance(x, CompiledDecoder) or hasattr(m, 'generate')")) == [
+        "line 1: isinstance(..., CompiledDecoder)", "line 1: hasattr(..., generate)"]

@@ -13,7 +13,7 @@ from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.distill.features import FeatureDistillModule, medusa_student, teacher_pass
 from specexp.drafts.medusa import MedusaDrafter, medusa_drafter
-from specexp.drafts.medusa_heads import MedusaHeads
+from specexp.drafts.parts.medusa_heads import MedusaHeads
 from specexp.errors import UserInputError
 from tests.commands import on_tiny_local_target, run_distill, run_smoke_study
 from tests.conftest import tiny_model

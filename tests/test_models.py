@@ -64,7 +64,7 @@ def test_a_kept_loads_fused_projections_are_made_once_and_a_written_weight_is_fu
 def test_a_kept_loads_int8_draft_weights_are_made_once(tmp_path):
     """Two jobs' int8 drafts of one kept load hold the same int8 tensors (quantized once), each under
     its own modules, and decode as a draft quantized from a private copy does."""
-    from specexp.drafts.quantize import quantize_linears
+    from specexp.drafts.parts.quantize import quantize_linears
 
     tiny_model(0).model.float().save_pretrained(tmp_path / "m")
     jobs = [quantize_linears(load_model(str(tmp_path / "m"), dtype="float32", device="cpu").model, "int8") for _ in range(2)]

@@ -11,13 +11,16 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
+from specexp import draft_vocab
 from specexp.cli import CONFIG_DIR, missing_value
-from specexp.costs.k_choice import build_draft
+from specexp.draft_vocab import vocab_fingerprint, vocab_hash
+from specexp.drafts.build import build_draft
+from specexp.drafts.registry import draft_cards
 from specexp.errors import UserInputError
-from specexp.ngram import cached, corpus
-from specexp.ngram.corpus import PACKAGED_TEXTS, packaged_text, vocab_fingerprint, vocab_hash
+from specexp.ngram import cached
+from specexp.ngram.corpus import PACKAGED_TEXTS, packaged_text
 from tests.commands import run_each, run_specexp
 from tests.conftest import build_ngram_files, tiny_model
 
@@ -65,9 +68,9 @@ def test_a_corpus_draft_is_built_once_per_target_and_corpus(default_target, tmp_
 def test_the_vocabulary_hash_is_kept_per_tokenizer_until_it_gains_tokens(default_target):
     tokenizer = copy.deepcopy(default_target.tokenizer)  # the fixture's stays as loaded
     first = vocab_fingerprint(default_target)
-    assert corpus._VOCAB_HASHES[default_target.tokenizer][1] in first
+    assert draft_vocab._VOCAB_HASHES[default_target.tokenizer][1] in first
     fresh = vocab_hash(tokenizer)
-    assert fresh in first and corpus._VOCAB_HASHES[tokenizer] == (len(tokenizer), fresh)
+    assert fresh in first and draft_vocab._VOCAB_HASHES[tokenizer] == (len(tokenizer), fresh)
     tokenizer.add_tokens(["<specexp-new-token>"])
     assert vocab_hash(tokenizer) != fresh  # hashed again: another id space
 
@@ -111,16 +114,27 @@ def test_the_packaged_text_corpus_reads_paragraphs():
 
 
 def test_every_draft_config_with_its_required_values_missing_is_one_line():
-    """Composes each draft option with nothing set: the options that need a value name it, the
-    option and what it takes; the others need none (the corpus drafts build their own files)."""
-    needs_value = {}
+    """Composes each draft option with nothing set: an option whose YAML leaves a value required (???)
+    names it, the option and what it takes (the comment on its line); the others need none (the corpus
+    drafts build their own files)."""
     for option in DRAFT_OPTIONS:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             cfg = compose("config", overrides=[f"draft={option}"])
-        if (message := missing_value(cfg, {"draft": option})) is not None:
-            needs_value[option] = message
-    assert needs_value == {"small_lm": "draft.model is required by draft=small_lm and has no value; give draft.model=VALUE "
-                                       "(a local model folder or a hub name like org/name, with its tokenizer)"}
+        required = sorted(key.removeprefix("draft.") for key in OmegaConf.missing_keys(cfg.draft))
+        message = missing_value(cfg, {"draft": option})
+        if not required:
+            assert message is None, option
+            continue
+        line = next(ln for ln in (Path(CONFIG_DIR) / "draft" / f"{option}.yaml").read_text().splitlines()
+                    if ln.startswith(f"{required[0]}:"))
+        assert message == (f"draft.{required[0]} is required by draft={option} and has no value; give "
+                           f"draft.{required[0]}=VALUE ({line.partition('#')[2].strip()})")
+    assert missing_value_of("small_lm").startswith("draft.model is required by draft=small_lm")  # one there is
+
+
+def missing_value_of(option: str) -> str | None:
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return missing_value(compose("config", overrides=[f"draft={option}"]), {"draft": option})
 
 
 def test_every_draft_config_names_itself_and_the_study_reports_that_name():
@@ -157,45 +171,28 @@ def tiny(tmp_path_factory):
     return target, build_ngram_files(target, tmp_path_factory.mktemp("ngram_bad"))
 
 
-# Per draft option: a value that cannot be met, and what the one-line error must say.
-BAD_DRAFT_OPTIONS = [
-    ("prompt_lookup", {"k": -1}, "draft.k=-1 is not allowed"),
-    ("prompt_lookup", {"min_n": 4}, "min_n=4, max_n=3"),
-    ("prompt_lookup", {"choice": "best"}, "draft.choice='best' is unknown; allowed: "),
-    ("prompt_lookup", {"max_tokens_after_match": [1, 2, 3, 4]}, "draft.max_tokens_after_match=[1, 2, 3, 4] is not allowed"),
-    ("small_lm", {"model": "/no/such/model"}, "model path '/no/such/model' does not exist"),
-    ("small_lm", {"model": "{target}", "min_confidence": 1.5}, "draft.min_confidence=1.5 is outside [0, 1)"),
-    ("small_lm", {"model": "{target}", "quantize": "int4"}, "draft.quantize=int4 is not allowed"),
-    ("target_prefix", {"n_layers": 2}, "n_layers=2 must be in 1..1"),
-    ("ngram_lm", {"path": "/no/such.npz"}, "does not exist"),
-    ("ngram_lm", {"order": 9}, "order 9 is not allowed; it must be in 1..8"),
-    ("ngram_lm", {"corpus": None}, "draft.corpus=None is not allowed with draft.path=null"),
-    ("ngram_lm", {}, "has no tokenizer to build a corpus with; give draft.path=FILE"),
-    ("ngram_lm", {"path": "{store}"}, "holds a suffix_datastore model, not a kneser_ney one"),
-    ("retrieval", {"path": "{lm}"}, "holds a kneser_ney model, not a suffix_datastore one"),
-    ("retrieval", {"path": "{store}", "max_match": 0}, "draft.max_match=0 is not allowed"),
-    ("retrieval", {"path": "{store}", "max_occurrences": -1}, "draft.max_occurrences=-1 is not allowed"),
-    ("retrieval", {"path": "{store}", "context_max_n": 0}, "draft.context_max_n=0 is not allowed"),
-    ("retrieval", {"path": "{store}", "min_confidence": -0.1}, "draft.min_confidence=-0.1 is outside [0, 1)"),
-    ("early_exit", {"exit_layer": 2}, "exit_layer=2 is not allowed; it must be in 1..1"),
-    ("early_exit", {"exit_layer": 1, "mode": "fast"}, "draft.mode='fast' is not allowed"),
-    ("early_exit", {"exit_layer": 1, "head": "/no/such/head"}, "exit head '/no/such/head' does not exist"),
-    ("distilled", {}, "vocab mismatch"),
-    ("distilled_confident", {"min_confidence": 2.0}, "draft.min_confidence=2.0 is outside [0, 1)"),
-]
+# Per draft option: a value that cannot be met, and what the one-line error must say (each YAML's card.tests.bad_options).
+BAD_DRAFT_OPTIONS = [(name, dict(case["set"]), case["error"]) for name, card in draft_cards().items()
+                     for case in card.bad_options]
 
 
 @pytest.mark.parametrize(("option", "values", "message"), BAD_DRAFT_OPTIONS,
                          ids=[f"{o}-{'-'.join(map(str, v)) or 'defaults'}" for o, v, _ in BAD_DRAFT_OPTIONS])
 def test_a_draft_option_that_cannot_be_met_is_a_user_error(tiny, tmp_path, option, values, message):
-    """Instantiated from its config file, as a study does (the tiny target has 2 layers and no tokenizer)."""
+    assert_refused_in_one_line(tiny, tmp_path, option, values, message)
+
+
+def assert_refused_in_one_line(tiny, tmp_path, option: str, values: dict, message: str, config_dirs=()) -> None:
+    """Instantiated from its config file, as a study does (the tiny target has 2 layers and no tokenizer);
+    ``config_dirs``: folders a user adds with hydra.searchpath."""
     target, files = tiny
     target_dir = tmp_path / "target"
     target.model.save_pretrained(target_dir)
     names = {"target": str(target_dir), "store": files["store"], "lm": files["lm"]}
     values = {key: value.format(**names) if isinstance(value, str) else value for key, value in values.items()}
+    searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in config_dirs)}]"] if config_dirs else []
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[f"draft={option}"])
+        cfg = compose("config", overrides=[f"draft={option}", *searchpath])
     for key, value in values.items():
         cfg.draft[key] = value
     with pytest.raises(UserInputError, match=re.escape(message)) as error, torch.no_grad():

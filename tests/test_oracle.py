@@ -9,8 +9,9 @@ import torch
 from specexp.core import metrics
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.oracle import OracleDrafter, greedy_continuations
+from specexp.drafts.oracle import OracleDrafter
 from specexp.errors import UserInputError
+from specexp.study.references import greedy_continuations
 from tests.commands import run_specexp
 
 GREEDY = SamplingConfig()

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from specexp.cli import CONFIG_DIR
 from specexp.reporting.collect import collect
-from specexp.reporting.pairing import fixed_k_config
+from specexp.study.prediction import fixed_k_config
 from tests.commands import run_each, run_module, run_specexp
 
 
@@ -69,7 +69,7 @@ def test_a_k_whose_study_builds_another_draft_is_replayed_as_that_draft():
 BAD_PAIRING_INPUT = {
     "missing_profile": (("--profile", "/no/such/profile.json"), "--profile /no/such/profile.json does not exist"),
     "unknown_draft": (("--drafts", "prompt_lookup,nope"), "nope"),
-    "option_without_value": (("--targets",), "--targets needs a value"),
+    "option_without_value": (("--targets",), "argument --targets: expected one argument"),
 }
 
 

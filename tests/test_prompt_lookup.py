@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from specexp.core.interface import Context
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import trie
-from specexp.drafts.context_index import ContextIndex
+from specexp.drafts.parts.base import trie
+from specexp.drafts.parts.context_index import ContextIndex
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.errors import UserInputError
 from tests.commands import run_specexp

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from specexp.drafts.quantize import Int8WeightLinear, int8_per_channel, quantize_linears, resolve_quantize
+from specexp.drafts.parts.quantize import Int8WeightLinear, int8_per_channel, quantize_linears, resolve_quantize
 from specexp.errors import UserInputError
 from tests.conftest import tiny_model
 

@@ -220,7 +220,8 @@ def test_sampled_references_are_written_once_per_target_and_shared_by_its_drafts
     the second draft's call generates nothing and gets the first's, token for token."""
     from types import SimpleNamespace
 
-    from specexp.reporting import pairing
+    from specexp.study import prediction as pairing
+    from specexp.study import references
 
     study = SimpleNamespace(forward=target.model, target=SimpleNamespace(name=f"tiny-{id(target)}", model=target.model,
                                                                          eos_token_ids=NO_EOS, pad_token_id=0),
@@ -228,7 +229,7 @@ def test_sampled_references_are_written_once_per_target_and_shared_by_its_drafts
                             batch_size=1)
     first = pairing.references(study, extra=2)
     assert [len(r) for r in first] == [10, 10]
-    monkeypatch.setattr(pairing, "generate", lambda *a, **k: pytest.fail("generated a continuation again"))
+    monkeypatch.setattr(references, "generate", lambda *a, **k: pytest.fail("generated a continuation again"))
     assert pairing.references(study, extra=2) == first
 
 

@@ -72,7 +72,7 @@ class DraftTraits:
     # the models the draft runs: the runtime plans their products, the profile hashes their weights
     models: tuple[nn.Module, ...] = ()
     branches: int = 1  # > 1: each proposal is a token tree of K nodes, up to `branches` children a node
-    grows_trees: bool = False  # its trees grow by confidence (drafts/dynamic_tree.py): draft.tree=auto sizes them
+    grows_trees: bool = False  # its trees grow by confidence (drafts/parts/dynamic_tree.py): draft.tree=auto sizes them
     k_limit: int | None = None  # most tokens it can propose at all, whatever k_max (Medusa's chain: its heads)
     proposal_groups: int = 0  # its proposals carry Proposal.group in 0..n-1 (prompt lookup: match length); 0: none
     greedy_only: bool = False  # exact only under greedy decoding (the oracle sets its acceptance by hand)
@@ -86,7 +86,7 @@ class DraftTraits:
     # with q on the target's prefix (study/replay.py), which it gives in one pass (MarkovChain.q_along)
     markov_chain: bool = False
     # a draft of another tokenizer: the share of its text tokens the target spells with the same bytes
-    # (drafts/vocab_map.py); None: it drafts in the target's own ids
+    # (drafts/parts/vocab_map.py); None: it drafts in the target's own ids
     vocab_overlap: float | None = None
 
 
@@ -131,6 +131,10 @@ class SharesTargetPass(Drafter, Protocol):
 
     def target_forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Append [tip, x_1..x_K] ([B, K+1]) to the target's cache; return its logits [B, K+1, V]."""
+
+    def standalone(self) -> Drafter:
+        """The same draft with a cache of its own, proposing the same tokens: what a replay along the
+        target's continuation runs (study/replay.py), where no target pass runs for it to share."""
 
 
 class MarkovChain(Drafter, Protocol):

@@ -28,6 +28,37 @@ from specexp.core.masks import attention_mask_4d, masks_by_layer_type, sliding_w
 from specexp.core.tree import tree_mask, tree_positions
 
 
+@dataclass(frozen=True)
+class ForwardTraits:
+    """What a cache needs to know of the forward it feeds, declared by the forward's class
+    (``@declares_forward``); transformers' models declare nothing and are TRANSFORMERS_FORWARD."""
+
+    # a 4-D bool mask as `mask=` and chosen hidden states as `hidden_layers=` (the lean decoder); False:
+    # transformers' additive mask and output_hidden_states
+    block_mask: bool = False
+    # dynamic: transformers' DynamicCache (RaggedKV); static: a preallocated StaticRaggedKV; held: the forward
+    # holds its own and hands it out cleared (`held_cache(batch_size, capacity, device)`: CUDA graphs replay
+    # on the addresses they were recorded with)
+    cache: str = "dynamic"
+
+
+TRANSFORMERS_FORWARD = ForwardTraits()
+_DECLARED: dict[type, ForwardTraits] = {}  # a forward's class -> what it declared
+
+
+def declares_forward(traits: ForwardTraits):
+    """Class decorator: the forward's declaration, read by `forward_traits` (its subclasses inherit it)."""
+    def declare(cls: type) -> type:
+        _DECLARED[cls] = traits
+        return cls
+    return declare
+
+
+def forward_traits(model) -> ForwardTraits:
+    """What ``model``'s class (or the nearest of its bases) declared; TRANSFORMERS_FORWARD if none did."""
+    return next((_DECLARED[cls] for cls in type(model).__mro__ if cls in _DECLARED), TRANSFORMERS_FORWARD)
+
+
 def require_cache_keyword(version: str) -> None:
     """transformers' models take the KV cache as ``cache=`` from 5.24 on; an earlier release ignores
     the keyword and runs every pass without the past, so greedy output silently differs from the
@@ -130,7 +161,7 @@ class RaggedKV(RaggedPasses):
     def _call(self, model, input_ids, positions, allowed: torch.Tensor | None, logits_to_keep: int,
               hidden_layers: tuple[int, ...]):
         attention_mask, extra = self.mask, {}
-        lean = getattr(model, "takes_block_mask", False)  # the lean decoder: a 4-D bool mask, chosen hidden states
+        lean = forward_traits(model).block_mask  # the lean decoder: a 4-D bool mask, chosen hidden states
         if self.window and not lean:  # transformers' window counts slots: give it masks over positions
             allowed = allowed if allowed is not None else attention_mask_4d(self.mask, input_ids.shape[1])
             attention_mask = masks_by_layer_type(allowed, self.mask, positions, self.window, model.dtype)
@@ -300,8 +331,9 @@ def new_ragged_kv(model, batch_size: int, device: torch.device, capacity: int) -
     """The cache a forward takes: preallocated for the lean runtime's, a DynamicCache for
     transformers' (whose attention wants a transformers Cache). A forward that holds its own
     (the compiled decoder: CUDA graphs replay on fixed addresses) hands that out, cleared."""
-    if hasattr(model, "held_cache"):
+    cache = forward_traits(model).cache
+    if cache == "held":
         return model.held_cache(batch_size, capacity, device)
-    if getattr(model, "takes_static_cache", False):
+    if cache == "static":
         return StaticRaggedKV.for_model(model, batch_size, capacity, device)
     return RaggedKV.empty(model, batch_size, device)

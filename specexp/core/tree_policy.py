@@ -1,7 +1,7 @@
 """`draft.k=auto` for a draft that grows dynamic token trees: each round's node budget N from the
 cost model.
 
-A dynamic tree is grown in a fixed order of slots (drafts/dynamic_tree.py: the root's children,
+A dynamic tree is grown in a fixed order of slots (drafts/parts/dynamic_tree.py: the root's children,
 then level by level, the best expanded node's children first), and a budget of N nodes keeps the
 first N slots. The accepted length is the number of tree nodes on the accepted path, so by
 linearity a tree of N nodes accepts sum_{s < N} P(slot s on the path) tokens in expectation:

@@ -3,7 +3,7 @@
 Tokens come from the measured per-position acceptance, not an i.i.d. alpha: a round that
 proposes p tokens commits 1 + sum_{i<=p} prod_{j<=i} a_j of them in expectation, where a_j is
 P(position j accepted | positions < j accepted) (`metrics.acceptance_curve`). Seconds come from
-the machine's hardware profile (`specexp.costs.profile`): the target's pass over n tokens at the
+the machine's hardware profile (`specexp.costs.hardware_profile`): the target's pass over n tokens at the
 context length of the round T(n, L), the draft's cost of proposing K tokens, the engine's
 bookkeeping per round, and the prompt pass. The speedup it predicts is AR seconds per token
 over speculative seconds per token, prompt passes included, as the study measures it.

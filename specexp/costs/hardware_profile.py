@@ -138,9 +138,9 @@ def profile_key(target, runtime_record: dict, batch_size: int, sampling: Samplin
 
 
 def draft_key(draft_cfg: DictConfig) -> str:
-    """A draft's entry: its config but K (every K is measured)."""
+    """A draft's entry: its config but K (every K is measured) and its card (what is said of it)."""
     plain = OmegaConf.to_container(draft_cfg, resolve=True)
-    for name in ("k", "k_max"):
+    for name in ("k", "k_max", "card"):
         plain.pop(name, None)
     return f"{str(plain.get('_target_', '')).rsplit('.', 1)[-1]}-{short_hash(plain)}"
 

@@ -17,7 +17,6 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from transformers import PreTrainedModel
 
 from specexp.cli import CONFIG_DIR, one_line_errors
 from specexp.distill.data import (
@@ -38,11 +37,10 @@ from specexp.distill.features import (
 from specexp.distill.history import MetricsHistory
 from specexp.distill.module import DistillModule
 from specexp.distill.objectives import objective
-from specexp.draft_vocab import DraftVocab, frequent_tokens
-from specexp.drafts.feature_head import FeatureHead
+from specexp.draft_vocab import DraftVocab, frequent_tokens, vocab_fingerprint
+from specexp.drafts.registry import use_line
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
-from specexp.ngram.corpus import vocab_fingerprint
 
 
 def distill(cfg: DictConfig, out_dir: Path) -> dict:
@@ -62,7 +60,7 @@ def distill(cfg: DictConfig, out_dir: Path) -> dict:
     if vocab is not None and student.draft_vocab is not vocab:
         raise UserInputError("draft_vocab_size must be null with student.init_from: the checkpoint brings its own vocabulary")
     dataset = corpus
-    reads_features = isinstance(student.model, FeatureHead)
+    reads_features = student.as_student.reads_features
     if cfg.feature_cache and not reads_features:
         raise UserInputError(f"feature_cache=true caches a feature head's inputs; student '{student.name}' reads none "
                              f"(use teacher_top_k)")
@@ -127,7 +125,7 @@ def export_student(student: LoadedModel, folder: Path, dtype: str) -> None:
     """An HF folder that `draft=small_lm draft.model=FOLDER` loads: weights, tokenizer, draft vocabulary.
     An exit head writes its own folder (weights, config, draft vocabulary; it reads the target's ids)."""
     student.model.to(getattr(torch, dtype)).save_pretrained(folder)
-    if not isinstance(student.model, PreTrainedModel):
+    if not student.as_student.hf_folder:
         return
     if student.tokenizer is not None:
         student.tokenizer.save_pretrained(folder)
@@ -141,6 +139,8 @@ def main(cfg: DictConfig) -> float | None:
     with one_line_errors():
         result = distill(cfg, out_dir)
     print(f"best val/alpha {result['best_alpha']}; student exported to {result['export_dir']}")
+    if (use := use_line(HydraConfig.get().runtime.choices.get("student"), result["export_dir"])) is not None:
+        print(f"decode with it: {use}")  # the draft whose card says this student trains it
     return result["best_alpha"]
 
 

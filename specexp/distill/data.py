@@ -18,10 +18,10 @@ from filelock import FileLock
 from torch.utils.data import DataLoader
 
 from specexp.distill.objectives import top_k_targets, warped_log_probs
-from specexp.draft_vocab import DraftVocab
+from specexp.draft_vocab import DraftVocab, vocab_fingerprint
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root
-from specexp.ngram.corpus import corpus_documents, join_documents, map_fingerprint, vocab_fingerprint
+from specexp.ngram.corpus import corpus_documents, join_documents, map_fingerprint
 from specexp.output import short_hash
 
 

@@ -25,11 +25,11 @@ from specexp.distill.data import beside_corpus
 from specexp.distill.module import DistillModule
 from specexp.distill.objectives import total_variation, warped_log_probs
 from specexp.draft_vocab import DraftVocab
-from specexp.drafts.eagle_head import EagleHead, eagle3_layers
-from specexp.drafts.feature_head import FeatureHead, Prediction, check_hidden_layers
-from specexp.drafts.medusa_heads import MedusaHeads
+from specexp.drafts.parts.eagle_head import EagleHead, eagle3_layers
+from specexp.drafts.parts.feature_head import FeatureHead, Prediction, check_hidden_layers
+from specexp.drafts.parts.medusa_heads import MedusaHeads
 from specexp.errors import UserInputError
-from specexp.models import LoadedModel
+from specexp.models import LoadedModel, StudentTraits
 from specexp.ngram.corpus import map_fingerprint
 
 
@@ -162,6 +162,10 @@ class FeatureDistillModule(DistillModule):
                 self.log(f"val/alpha_{p.name}", alpha)
 
 
+# a head over the target's hidden states: trained on them, exported as its own head folder
+FEATURE_HEAD = StudentTraits(generates=False, reads_features=True, hf_folder=False)
+
+
 def eagle_student(target: LoadedModel, hidden_layers: list[int] | str | None = None, unroll_steps: int = 1,
                   feature_loss_weight: float = 0.0, intermediate_size: int | None = None,
                   draft_vocab: DraftVocab | None = None, seed: int = 0) -> LoadedModel:
@@ -181,7 +185,8 @@ def eagle_student(target: LoadedModel, hidden_layers: list[int] | str | None = N
     head = EagleHead(target, layers, draft_vocab, intermediate_size=intermediate_size).float()
     head.unroll_steps, head.feature_loss_weight = unroll_steps, feature_loss_weight
     name = f"eagle-{'-'.join(map(str, layers))}"
-    return LoadedModel(model=head.train(), tokenizer=target.tokenizer, name=name, draft_vocab=draft_vocab)
+    return LoadedModel(model=head.train(), tokenizer=target.tokenizer, name=name, draft_vocab=draft_vocab,
+                       as_student=FEATURE_HEAD)
 
 
 def medusa_student(target: LoadedModel, n_heads: int = 4, n_blocks: int = 1, draft_vocab: DraftVocab | None = None,
@@ -191,4 +196,4 @@ def medusa_student(target: LoadedModel, n_heads: int = 4, n_blocks: int = 1, dra
     torch.manual_seed(seed)
     heads = MedusaHeads(target, None, draft_vocab, n_heads=n_heads, n_blocks=n_blocks).float()
     return LoadedModel(model=heads.train(), tokenizer=target.tokenizer, name=f"medusa-{n_heads}x{n_blocks}",
-                       draft_vocab=draft_vocab)
+                       draft_vocab=draft_vocab, as_student=FEATURE_HEAD)

@@ -37,11 +37,11 @@ class DistillModule(L.LightningModule):
                  on_policy_ratio: float = 0.0, on_policy_prefix: int = 16, seed: int = 0):
         super().__init__()
         self.save_hyperparameters(ignore=["student", "teacher"])
-        self.student = student.model
+        self.student, self.student_traits = student.model, student.as_student
         self.teacher = teacher.model.eval().requires_grad_(False)
         self.draft_vocab = student.draft_vocab
         self.loss_fn = objective(objective_name)
-        if on_policy_ratio > 0 and not hasattr(self.student, "generate"):
+        if on_policy_ratio > 0 and not self.student_traits.generates:
             raise UserInputError(f"on_policy.ratio={on_policy_ratio} needs a student that generates on its own; "
                                  f"{type(self.student).__name__} does not (set on_policy.ratio=0)")
         self.strict_loading = False  # checkpoints hold the student only (see on_save_checkpoint)
@@ -52,7 +52,7 @@ class DistillModule(L.LightningModule):
 
     def _student_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> the student's input ids (an exit head reads the target's own ids)."""
-        if self.draft_vocab is None or getattr(self.student, "reads_target_ids", False):
+        if self.draft_vocab is None or self.student_traits.reads_target_ids:
             return input_ids
         return self.draft_vocab.to_draft(input_ids)
 

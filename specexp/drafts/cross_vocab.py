@@ -6,7 +6,7 @@ that still tokenizes the same and is fed the rest. Its proposal reaches the targ
 two ways (``vocab_mapping``):
 
 - ``tli`` (Token-Level Intersection, Timor et al. 2025): the draft samples only among its tokens
-  that the target spells with the same bytes (drafts/vocab_map.py), q renormalised there; each
+  that the target spells with the same bytes (drafts/parts/vocab_map.py), q renormalised there; each
   drafted token is one target token, and q in the target's ids is that distribution (zero off the
   intersection). The usual rule is exact with it, and a sampled token keeps its q.
 - ``string`` (Universal Assisted Generation): the drafted tokens become text, the target's
@@ -26,9 +26,9 @@ from specexp.core.engine import left_pad
 from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
-from specexp.drafts.base import check_k, committed_tokens, common_prefix, one_hot_proposal
-from specexp.drafts.quantize import quantize_linears
-from specexp.drafts.vocab_map import check_overlap, vocab_map
+from specexp.drafts.parts.base import check_k, committed_tokens, common_prefix, one_hot_proposal
+from specexp.drafts.parts.quantize import quantize_linears
+from specexp.drafts.parts.vocab_map import check_overlap, vocab_map
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.runtime.decoder import lean_decoder, unsupported_reason

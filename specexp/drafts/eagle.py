@@ -1,4 +1,4 @@
-"""`draft=eagle`: an EAGLE head (`drafts/eagle_head.py`) drafts chains or EAGLE-2 dynamic trees
+"""`draft=eagle`: an EAGLE head (`drafts/parts/eagle_head.py`) drafts chains or EAGLE-2 dynamic trees
 from the target's hidden states, which the engine hands it from its own passes
 (`Context.features`: the prompt's and every verify pass's, rewound with the target's cache).
 
@@ -18,10 +18,10 @@ from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.kv import StaticRaggedKV, region_mask
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import sample_draft
-from specexp.drafts.base import check_k
-from specexp.drafts.dynamic_tree import TreeRegion, check_tree, grow_tree
-from specexp.drafts.eagle_head import EagleHead
-from specexp.drafts.quantize import quantize_linears
+from specexp.drafts.parts.base import check_k
+from specexp.drafts.parts.dynamic_tree import TreeRegion, check_tree, grow_tree
+from specexp.drafts.parts.eagle_head import EagleHead
+from specexp.drafts.parts.quantize import quantize_linears
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
@@ -150,6 +150,6 @@ def eagle_drafter(target: LoadedModel, head: str = "eagle3", k: int = 4, branche
                   depth: int | None = None, quantize: str | None = None) -> EagleDrafter:
     """`draft=eagle`: draft.head = eagle3 (shipped for the default target) | a head folder;
     draft.quantize = int8 | auto: the head's bias-free linears (fusion, the layer's projections,
-    its own LM head) in int8 on a CPU (`drafts/quantize.py`), as for a small-LM draft."""
+    its own LM head) in int8 on a CPU (`drafts/parts/quantize.py`), as for a small-LM draft."""
     loaded = quantize_linears(resolve_head(target, str(head)), quantize, in_place=True)  # loaded for this draft only
     return EagleDrafter(target, loaded, k=k, branches=branches, depth=depth)

@@ -17,8 +17,8 @@ from specexp.core.interface import Context, Drafter, DraftTraits, Proposal
 from specexp.core.kv import RaggedKV, StaticRaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.draft_vocab import sample_draft
-from specexp.drafts.base import check_k
-from specexp.drafts.exit_head import EarlyExitModel, ExitHead, target_decoder
+from specexp.drafts.parts.base import check_k
+from specexp.drafts.parts.exit_head import EarlyExitModel, ExitHead, target_decoder
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
@@ -36,7 +36,7 @@ class SharedEarlyExitDrafter:
 
     def __init__(self, target: LoadedModel, head: ExitHead, k: int = 2):
         check_k(k)
-        self.head = head
+        self.target, self.head = target, head
         self.traits = DraftTraits(k_max=k, models=(head,), shares_target_pass=True)
         self.decoder = target_decoder(target.model)
         self.kv: RaggedKV | StaticRaggedKV | None = None
@@ -82,6 +82,11 @@ class SharedEarlyExitDrafter:
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         self.exit_hidden = None  # the engine's rewind already cropped the shared cache
 
+    def standalone(self) -> Drafter:
+        """The same layers and head with a cache of their own (mode=naive): the same drafts, for a
+        replay that runs no target pass (tests/test_early_exit.py checks they are the same)."""
+        return naive_early_exit(self.target, self.head, self.traits.k_max)
+
 
 def resolve_head(target: LoadedModel, head: str, exit_layer: int | None) -> ExitHead:
     """'untrained' (the target's own norm + LM head at exit_layer), 'trained' (the head shipped for
@@ -115,6 +120,11 @@ def early_exit_drafter(target: LoadedModel, exit_layer: int | None = None, k: in
     exit_head = resolve_head(target, str(head), exit_layer)
     if mode == "shared":
         return SharedEarlyExitDrafter(target, exit_head, k=k)
-    model = EarlyExitModel(target.model, exit_head, target_space_logits=True)
-    draft = LoadedModel(model=model, tokenizer=target.tokenizer, name=f"{target.name}-exit{exit_head.exit_layer}")
+    return naive_early_exit(target, exit_head, k)
+
+
+def naive_early_exit(target: LoadedModel, head: ExitHead, k: int) -> SmallLMDrafter:
+    """The target's first layers and an exit head as a separate draft model with its own cache."""
+    model = EarlyExitModel(target.model, head, target_space_logits=True)
+    draft = LoadedModel(model=model, tokenizer=target.tokenizer, name=f"{target.name}-exit{head.exit_layer}")
     return SmallLMDrafter(target, draft, k=k)

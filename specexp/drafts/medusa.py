@@ -1,8 +1,8 @@
-"""`draft=medusa`: Medusa heads (`drafts/medusa_heads.py`) propose the k tokens after the tip at
+"""`draft=medusa`: Medusa heads (`drafts/parts/medusa_heads.py`) propose the k tokens after the tip at
 once from the target's last committed hidden state (`Context.features`, the slot before the tip,
 which the verify pass that chose the tip computed): a chain of the heads' draws, or a dynamic
 token tree whose level d draws from head d (the heads' q's do not depend on the tokens drafted
-before them, so expanding a node costs nothing; the tree is grown by `drafts/dynamic_tree.py`).
+before them, so expanding a node costs nothing; the tree is grown by `drafts/parts/dynamic_tree.py`).
 No draft state is kept between rounds.
 """
 
@@ -13,9 +13,9 @@ import torch
 from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import sample_draft
-from specexp.drafts.base import check_k
-from specexp.drafts.dynamic_tree import check_tree, grow_tree
-from specexp.drafts.medusa_heads import MedusaHeads
+from specexp.drafts.parts.base import check_k
+from specexp.drafts.parts.dynamic_tree import check_tree, grow_tree
+from specexp.drafts.parts.medusa_heads import MedusaHeads
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 

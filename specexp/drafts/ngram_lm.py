@@ -7,8 +7,8 @@ import torch
 
 from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig, sample
-from specexp.drafts.base import check_k, check_min_confidence, warp_distribution
-from specexp.drafts.dynamic_tree import check_tree, grow_tree
+from specexp.drafts.parts.base import check_k, check_min_confidence, warp_distribution
+from specexp.drafts.parts.dynamic_tree import check_tree, grow_tree
 from specexp.models import LoadedModel
 from specexp.ngram.cached import cached_lm, require_corpus
 from specexp.ngram.corpus import check_fingerprint
@@ -23,7 +23,7 @@ class NgramLMDrafter:
     drafting once the LM's own top probability falls below ``min_confidence``: an
     adaptive draft length decided before verification, so exactness is untouched.
 
-    ``branches`` > 1 drafts a dynamic tree of K nodes instead (`drafts/dynamic_tree.py`): the top
+    ``branches`` > 1 drafts a dynamic tree of K nodes instead (`drafts/parts/dynamic_tree.py`): the top
     (greedy) or sampled-without-replacement continuations of the most probable nodes, level by level.
     """
 

@@ -15,15 +15,12 @@ from collections.abc import Sequence
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specexp.core.engine import generate
 from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import check_k, one_hot_proposal
+from specexp.drafts.parts.base import check_k, one_hot_proposal
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
-
-_CONTINUATIONS: dict[tuple, list[int]] = {}  # (target, prompt, tokens) -> greedy continuation, across a sweep's jobs
 
 
 def random_llama(target: LoadedModel, layers: int, hidden: int, seed: int = 0) -> LoadedModel:
@@ -36,19 +33,6 @@ def random_llama(target: LoadedModel, layers: int, hidden: int, seed: int = 0) -
     dtype = next(target.model.parameters()).dtype
     model = LlamaForCausalLM(config).to(device=target.model.device, dtype=dtype).eval()
     return LoadedModel(model=model, tokenizer=None, name=f"random-llama-{layers}x{hidden}")
-
-
-def greedy_continuations(forward, target: LoadedModel, prompts: list[list[int]], max_new_tokens: int,
-                         batch_size: int) -> list[list[int]]:
-    """The target's greedy continuation of each prompt (cached for the process: a sweep's jobs share them)."""
-    missing = [p for p in prompts if (target.name, tuple(p), max_new_tokens) not in _CONTINUATIONS]
-    for start in range(0, len(missing), batch_size):
-        batch = missing[start : start + batch_size]
-        out = generate(forward, batch, None, SamplingConfig(), max_new_tokens, target.eos_token_ids, None,
-                       target.pad_token_id)
-        for prompt, tokens in zip(batch, out.tokens, strict=True):
-            _CONTINUATIONS[(target.name, tuple(prompt), max_new_tokens)] = tokens
-    return [_CONTINUATIONS[(target.name, tuple(p), max_new_tokens)] for p in prompts]
 
 
 class OracleDrafter:

@@ -21,9 +21,9 @@ import torch
 
 from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.base import check_k, committed_tokens, one_hot_proposal, one_hot_tree_proposal, trie
-from specexp.drafts.context_index import ContextIndex
-from specexp.drafts.dynamic_tree import check_tree
+from specexp.drafts.parts.base import check_k, committed_tokens, one_hot_proposal, one_hot_tree_proposal, trie
+from specexp.drafts.parts.context_index import ContextIndex
+from specexp.drafts.parts.dynamic_tree import check_tree
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 

@@ -8,8 +8,8 @@ import torch
 
 from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig, sample
-from specexp.drafts.base import check_k, check_min_confidence, committed_tokens, stack_proposal, warp_distribution
-from specexp.drafts.context_index import ContextIndex
+from specexp.drafts.parts.base import check_k, check_min_confidence, committed_tokens, stack_proposal, warp_distribution
+from specexp.drafts.parts.context_index import ContextIndex
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.ngram.cached import cached_datastore, require_corpus

@@ -9,14 +9,13 @@ import torch
 from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
-from specexp.draft_vocab import DraftVocab, sample_draft
-from specexp.drafts.base import check_k, check_min_confidence
+from specexp.draft_vocab import DraftVocab, sample_draft, vocab_fingerprint
 from specexp.drafts.cross_vocab import CrossVocabDrafter
-from specexp.drafts.dynamic_tree import TreeRegion, check_tree, grow_tree
-from specexp.drafts.quantize import quantize_linears
+from specexp.drafts.parts.base import check_k, check_min_confidence
+from specexp.drafts.parts.dynamic_tree import TreeRegion, check_tree, grow_tree
+from specexp.drafts.parts.quantize import quantize_linears
 from specexp.errors import DraftDoesNotApply, UserInputError
 from specexp.models import LoadedModel, first_layers, load_embedded_gemma3, load_embedded_target, load_model
-from specexp.ngram.corpus import vocab_fingerprint
 from specexp.runtime.decoder import lean_decoder, unsupported_reason
 
 
@@ -75,10 +74,10 @@ class SmallLMDrafter:
     draft length adapts before verification, so exactness is untouched, and a round whose first
     token is doubtful costs one target token instead of two.
 
-    ``quantize="int8"`` runs the draft with int8 weights (CPU; `drafts/quantize.py`): a cheaper
+    ``quantize="int8"`` runs the draft with int8 weights (CPU; `drafts/parts/quantize.py`): a cheaper
     draft step, still exact.
 
-    ``branches`` > 1 drafts an EAGLE-2-style dynamic tree of K nodes (`drafts/dynamic_tree.py`) of
+    ``branches`` > 1 drafts an EAGLE-2-style dynamic tree of K nodes (`drafts/parts/dynamic_tree.py`) of
     at most ``depth`` levels: each level is one draft step over the expanded nodes, which see their
     ancestors through a tree mask on the draft's own cache; after verification the accepted path's
     entries are moved into place and the rest dropped.

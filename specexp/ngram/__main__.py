@@ -12,7 +12,7 @@ tokenized with the target's tokenizer: `specexp.ngram.corpus.corpus_documents`, 
 import argparse
 import sys
 
-from specexp.cli import one_line_errors
+from specexp.cli import CommandParser, one_line_errors
 from specexp.errors import UserInputError
 from specexp.models import load_embedded_target, load_model
 from specexp.ngram.cached import datastore_from_documents, lm_from_documents
@@ -20,7 +20,7 @@ from specexp.ngram.corpus import corpus_documents
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m specexp.ngram", description=__doc__,
+    parser = CommandParser(prog="python -m specexp.ngram", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kind", choices=["lm", "datastore"], help="a Kneser-Ney LM or a retrieval datastore")
     parser.add_argument("--out", required=True, help="output file (.npz)")

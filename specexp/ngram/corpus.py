@@ -2,45 +2,21 @@
 through `datasets`, and the target's own answers on a prompt set (on-policy data), whose user
 turns the target may write itself. Documents are joined with the EOS token."""
 
-import hashlib
 import importlib.util
-import json
-import weakref
 from pathlib import Path
 
 import datasets
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt, encode_prompts, load_any, mt_bench, prompts_from_dataset
+from specexp.draft_vocab import vocab_fingerprint
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.output import short_hash
-
-
-def vocab_fingerprint(target: LoadedModel) -> str:
-    """Identifies the token-id space: a hash of the tokenizer's vocabulary (or its size)."""
-    if target.tokenizer is None:
-        return f"vocab_size={target.vocab_size}"
-    return f"vocab_size={target.vocab_size}:sha256={vocab_hash(target.tokenizer)}"
-
-
-# tokenizer -> (its length, the hash): a feature head's load and an n-gram job each ask several times
-# for a hash that takes ~0.1 s (a 49k-token vocabulary, sorted and serialised); a tokenizer that gained
-# tokens is hashed again
-_VOCAB_HASHES: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, tuple[int, str]]" = weakref.WeakKeyDictionary()
-
-
-def vocab_hash(tokenizer: PreTrainedTokenizerBase) -> str:
-    size, kept = len(tokenizer), _VOCAB_HASHES.get(tokenizer)
-    if kept is None or kept[0] != size:
-        vocab = json.dumps(sorted(tokenizer.get_vocab().items())).encode()
-        kept = _VOCAB_HASHES[tokenizer] = size, hashlib.sha256(vocab).hexdigest()[:16]
-    return kept[1]
 
 
 def map_fingerprint(dataset: datasets.Dataset, *key: object) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 
+from specexp.cli import CommandParser
 from specexp.study.tracking import wandb_mode
 
 
@@ -123,7 +124,7 @@ def describe(workspace: ws.Workspace) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m specexp.dashboard", description=__doc__,
+    parser = CommandParser(prog="python -m specexp.dashboard", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--project", required=True, help="the W&B project the studies log to (logger.project)")
     parser.add_argument("--entity", default=None, help="W&B entity (default: your default entity)")

@@ -19,10 +19,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specexp.cli import fail, one_line_errors  # noqa: E402
+from specexp.cli import CommandParser, fail, one_line_errors  # noqa: E402
 from specexp.core import metrics  # noqa: E402
 from specexp.costs import cost_model  # noqa: E402
-from specexp.costs.profile import Profile  # noqa: E402
+from specexp.costs.hardware_profile import Profile  # noqa: E402
 from specexp.output import markdown_table  # noqa: E402
 from specexp.reporting import plots  # noqa: E402
 from specexp.reporting.collect import collect, validation_history  # noqa: E402
@@ -39,7 +39,8 @@ def finished_studies(table: pd.DataFrame) -> pd.DataFrame:
     if table.empty or "status" not in table or "alpha" not in table:
         return pd.DataFrame()
     table = table[(table["status"] == "ok") & (table["kind"] == "study")].copy()
-    table["draft"] = early_exit_labels(table)
+    table["draft"] = draft_labels(table)
+    table["draft_colour"] = table["cfg.draft.card.colour"] if "cfg.draft.card.colour" in table else None
     table["exit_layer"] = table["cfg.draft.exit_layer"] if "cfg.draft.exit_layer" in table else None
     table["k_label"] = table["cfg.draft.k"].astype(str)  # a number, or auto / heuristic
     table["k"] = pd.to_numeric(table["cfg.draft.k"], errors="coerce")  # NaN where a policy chose K
@@ -107,16 +108,22 @@ def model_curves(jobs: pd.DataFrame, profile: Profile | None = None) -> tuple[pd
     return pd.DataFrame(rows), label
 
 
-def early_exit_labels(table: pd.DataFrame) -> pd.Series:
-    """The draft choice per job; early-exit drafts as early_exit/HEAD/MODE, since the head
-    (untrained, trained, or a custom folder) and the mode change what is being measured."""
-    labels = table["choice.draft"].copy()
-    early = labels == "early_exit"
-    if early.any():
-        head = table.loc[early, "cfg.draft.head"].astype(str)
-        head = head.where(head.isin(["untrained", "trained"]), "custom")
-        labels[early] = "early_exit/" + head + "/" + table.loc[early, "cfg.draft.mode"].astype(str)
-    return labels
+def draft_labels(table: pd.DataFrame) -> pd.Series:
+    """Each job's draft as its card names it (`card.label`, else the config's name), followed by the
+    values of the config keys its card lists as `variants` (early_exit/HEAD/MODE: the head and the
+    mode change what is measured); a value that is a path (a trained folder) reads `custom`."""
+    names = table["choice.draft"] if "choice.draft" in table else table["draft"]
+    labels = table["cfg.draft.card.label"].fillna(names) if "cfg.draft.card.label" in table else names.copy()
+    variants = table["cfg.draft.card.variants"] if "cfg.draft.card.variants" in table else pd.Series(None, index=table.index)
+
+    def label(row_label: str, keys, row: pd.Series) -> str:
+        if not isinstance(keys, list | tuple | np.ndarray) or len(keys) == 0:
+            return str(row_label)
+        values = [str(row.get(f"cfg.draft.{key}")) for key in keys]
+        return "/".join([str(row_label), *("custom" if "/" in v or "\\" in v else v for v in values)])
+
+    return pd.Series([label(lab, keys, row) for lab, keys, (_, row) in zip(labels, variants, table.iterrows(), strict=True)],
+                     index=table.index, dtype=object)
 
 
 def wandb_jobs(project: str, group: str | None = None) -> pd.DataFrame:
@@ -140,13 +147,15 @@ def per_prompt_table(jobs: pd.DataFrame) -> pd.DataFrame:
     the sum of its rounds' draft, target and verify seconds: prefill excluded, and the rounds of a batch
     are shared by its rows)."""
     rows = []
+    jobs = jobs.assign(draft_colour=jobs["draft_colour"] if "draft_colour" in jobs else None)
     for job in jobs.itertuples():
         rounds = pd.read_parquet(Path(job.path) / "rounds.parquet")
         rounds["total_s"] = rounds["draft_s"] + rounds["target_s"] + rounds["verify_s"]
         rounds["tokens"] = rounds["emitted"]
         for prompt_id, r in rounds.groupby("prompt_id"):
             measured = arm_metrics(r, r.groupby("mode", as_index=False)[["tokens", "total_s"]].sum())
-            rows.append({"draft": job.draft, "k": job.k, "temperature": job.temperature, "batch_size": job.batch_size,
+            rows.append({"draft": job.draft, "draft_colour": job.draft_colour, "k": job.k, "temperature": job.temperature,
+                         "batch_size": job.batch_size,
                          "prompt_id": prompt_id, "category": r["category"].iloc[0], "alpha": measured.alpha,
                          "tau": measured.tau, "speedup": measured.speedup})
     return pd.DataFrame(rows)
@@ -155,12 +164,14 @@ def per_prompt_table(jobs: pd.DataFrame) -> pd.DataFrame:
 def acceptance_by_position(jobs: pd.DataFrame) -> pd.DataFrame:
     """One row per (job, prompt, draft position i): P(accept i | 1..i-1 accepted) on that prompt."""
     rows = []
+    jobs = jobs.assign(draft_colour=jobs["draft_colour"] if "draft_colour" in jobs else None)
     for job in jobs.itertuples():
         rounds = pd.read_parquet(Path(job.path) / "rounds.parquet")
         spec, _ = metrics.arms(rounds)
         for prompt_id, r in spec.groupby("prompt_id"):
             curve = metrics.acceptance_curve(metrics.positions(r), r["accepted"].to_numpy(), int(job.k_max))
-            rows += [{"draft": job.draft, "k": job.k, "prompt_id": prompt_id, "position": i + 1, "acceptance": a}
+            rows += [{"draft": job.draft, "draft_colour": job.draft_colour, "k": job.k, "prompt_id": prompt_id,
+                      "position": i + 1, "acceptance": a}
                      for i, a in enumerate(curve) if a is not None]
     return pd.DataFrame(rows)
 
@@ -281,7 +292,7 @@ def make_figures(paths: list[Path], out: Path) -> tuple[list[str], dict[str, str
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specexp.figures", description=__doc__,
+    parser = CommandParser(prog="python -m specexp.figures", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
     parser.add_argument("--out", type=Path, default=None, help="where figures go (default: FIRST_PATH/figures)")

@@ -10,7 +10,6 @@ matplotlib Figure; none saves or shows. Inputs:
 
 from collections.abc import Iterable
 from itertools import groupby
-from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -20,17 +19,13 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
-from specexp.cli import CONFIG_DIR
 from specexp.core import metrics
 from specexp.costs.cost_model import best_speedup_on
+from specexp.drafts.registry import draft_names
 from specexp.study.intervals import column_interval, fmt_bounds
 
 COLUMN_WIDTH_IN = 3.3  # one column of a two-column paper
 # Fixed draft order -> fixed colours: a draft keeps its colour in every figure of a paper.
-def known_drafts() -> list[str]:
-    """The registry of drafts: every shipped draft config (conf/draft/NAME.yaml), by name. A new
-    draft's YAML gives it its own colour in every figure; no list here to keep in step."""
-    return sorted(p.stem for p in (Path(CONFIG_DIR) / "draft").glob("*.yaml"))
 
 
 def paper_theme() -> None:
@@ -40,21 +35,35 @@ def paper_theme() -> None:
                                 "figure.dpi": 100, "legend.frameon": False})
 
 
-def draft_palette(drafts: Iterable[str]) -> dict[str, tuple]:
-    """Colours stable per draft across figures: a registered draft's from the colour-blind-safe set
+def draft_palette(drafts: Iterable[str], declared: dict[str, str] | None = None) -> dict[str, tuple]:
+    """Colours stable per draft across figures: the colour a draft's card declares (``declared``:
+    label -> colour, `declared_colours`), else a registered draft's from the colour-blind-safe set
     (then a darker set past its ten), unknown ones after them; labels of one draft's variants
     (early_exit/HEAD/MODE) take shades of that draft's colour."""
     colors = sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10)
     labels = sorted(set(drafts), key=lambda label: (label.split("/")[0], label))
-    registered = known_drafts()
+    registered = draft_names()
     bases = registered + sorted({label.split("/")[0] for label in labels} - set(registered))
     base_color = {base: colors[i % len(colors)] for i, base in enumerate(bases)}
+    base_color |= {label.split("/")[0]: matplotlib.colors.to_rgb(c) for label, c in (declared or {}).items()}
     palette = {}
     for base, variants in groupby(labels, key=lambda label: label.split("/")[0]):
         variants = list(variants)
         shades = [base_color[base]] if len(variants) == 1 else sns.dark_palette(base_color[base], len(variants) + 1)[1:]
         palette |= dict(zip(variants, shades, strict=True))
     return palette
+
+
+def declared_colours(frame: pd.DataFrame) -> dict[str, str]:
+    """label -> the colour its draft's card declares, from a table's `draft_colour` column (figures.py)."""
+    if "draft_colour" not in frame:
+        return {}
+    return {d: c for d, c in zip(frame["draft"], frame["draft_colour"], strict=True) if isinstance(c, str) and c}
+
+
+def palette_of(frame: pd.DataFrame) -> dict[str, tuple]:
+    """`draft_palette` of a table's drafts, with the colours their cards declare."""
+    return draft_palette(frame["draft"], declared_colours(frame))
 
 
 def _figure(height: float = 2.3, width: float = COLUMN_WIDTH_IN, ncols: int = 1) -> tuple[Figure, list]:
@@ -99,7 +108,7 @@ def acceptance_curve(positions: pd.DataFrame) -> Figure:
     """P(accept at draft position i | earlier accepted), per draft, 95% CI over prompts."""
     fig, (ax,) = _figure()
     sns.lineplot(data=positions, x="position", y="acceptance", hue="draft", marker="o", errorbar=("ci", 95),
-                 palette=draft_palette(positions["draft"]), ax=ax)
+                 palette=palette_of(positions), ax=ax)
     ax.set(xlabel="draft position i", ylabel="P(accept i | 1..i-1 accepted)", ylim=(0, 1.02))
     ax.xaxis.get_major_locator().set_params(integer=True)
     return fig
@@ -114,7 +123,7 @@ def speedup_vs_k(jobs: pd.DataFrame, prompts: pd.DataFrame | None = None, model:
     et al.'s i.i.d. curve from the measured alpha and c, dashed."""
     fig, (ax,) = _figure()
     fixed = jobs.dropna(subset=["k"])
-    palette = draft_palette(jobs["draft"])
+    palette = palette_of(jobs)
     if not job_errorbars(ax, fixed, "k", "speedup", palette):
         sns.pointplot(data=fixed if prompts is None else prompts.dropna(subset=["k"]), x="k", y="speedup", hue="draft",
                       native_scale=True, errorbar=None if prompts is None else ("ci", 95), palette=palette,
@@ -154,7 +163,7 @@ def tree_budget(jobs: pd.DataFrame) -> Figure:
     measured speedup, thin with + markers, the calibrated cost model's prediction for the same job."""
     fig, axes = _figure(ncols=2, width=2 * COLUMN_WIDTH_IN)
     fixed = jobs.dropna(subset=["k"]).sort_values("k")
-    palette = draft_palette(fixed["draft"])
+    palette = palette_of(fixed)
     for ax, metric, name in zip(axes, ("tau", "speedup"), (r"$\tau$ (tokens per target pass)", "speedup over AR"),
                                 strict=True):
         sns.lineplot(data=fixed, x="k", y=metric, hue="draft", style="branches", markers=True, errorbar=None,
@@ -191,7 +200,7 @@ def cost_quality_plane(jobs: pd.DataFrame, pass_ratios: np.ndarray | None = None
     contours = ax.contour(C, A, best_speedup_on(ratios, overhead_ratio, A, C), levels=levels, colors="0.55",
                           linewidths=0.7)
     ax.clabel(contours, fmt=lambda v: f"{v:g}x", fontsize=6)
-    palette = draft_palette(per_draft.index)
+    palette = draft_palette(per_draft.index, declared_colours(jobs))
     for draft, row in per_draft.iterrows():
         ax.scatter(row["cost_ratio_c"], row[y], color=palette[draft], s=25, zorder=3, label=draft)
     ylabel = r"equivalent $\alpha$ (i.i.d. rate of its tokens/round)" if y == "alpha_equivalent" \
@@ -213,7 +222,7 @@ def realized_vs_predicted(jobs: pd.DataFrame) -> Figure:
     line = np.array([low, high])
     ax.fill_between(line, line * 0.9, line * 1.1, color="0.9", zorder=0, label="within 10%")
     ax.plot(line, line, color="0.4", linewidth=0.8, linestyle="--", label="realized = predicted")
-    palette = draft_palette(priced["draft"])
+    palette = palette_of(priced)
     sns.scatterplot(data=priced, x="predicted_speedup", y="speedup", hue="draft", palette=palette, s=18, ax=ax, zorder=3)
     job_errorbars(ax, priced, "predicted_speedup", "speedup", palette, label=False, fmt="none")  # measured 95% intervals
     ax.set(xlabel="predicted speedup (cost model)", ylabel="realized speedup", xlim=(low, high), ylim=(low, high))
@@ -293,7 +302,7 @@ def pairing_scatter(jobs: pd.DataFrame) -> Figure:
     low = min(priced[[x, "speedup"]].min().min(), 1.0) * 0.9
     high = max(priced[[x, "speedup"]].max().max(), 1.0) * 1.1
     ax.plot([low, high], [low, high], color="0.4", linewidth=0.8, linestyle="--", label="y = x")
-    palette = draft_palette(priced["draft"])
+    palette = palette_of(priced)
     sns.scatterplot(data=priced, x=x, y="speedup", hue="draft", style="target", palette=palette, s=18, ax=ax, zorder=3)
     job_errorbars(ax, priced, x, "speedup", palette, label=False, fmt="none")
     label = "predicted before decoding" if x == "pairing_predicted_speedup" else "predicted (cost model, measured alpha)"
@@ -306,7 +315,7 @@ def effect_of(jobs: pd.DataFrame, factor: str, label: str) -> Figure:
     """alpha and speedup against one factor (`temperature`, `batch_size`, `exit_layer`), a line per
     draft, averaged over the other factors (with a 95% CI)."""
     fig, axes = _figure(ncols=2, width=2 * COLUMN_WIDTH_IN)
-    palette = draft_palette(jobs["draft"])
+    palette = palette_of(jobs)
     one_job_each = not jobs.duplicated(["draft", factor]).any()  # else the band is a CI over the other factors
     for ax, metric, name in zip(axes, ("alpha", "speedup"), (r"$\alpha$", "speedup over AR"), strict=True):
         sns.lineplot(data=jobs, x=factor, y=metric, hue="draft", marker="o", palette=palette, ax=ax,

@@ -3,7 +3,7 @@ other hardware.
 
 Every job's rounds (what its draft proposed and the rule accepted, round by round) are re-priced
 with the cost model under the profile P (say one measured on a GPU with `python -m
-specexp.costs.profile --out P.json`) next to the profile the job ran with. Acceptance does not
+specexp.costs.hardware_profile --out P.json`) next to the profile the job ran with. Acceptance does not
 depend on the hardware; T(n), the draft's step and the prompt pass do. Writes DIR/predict.csv,
 predict.md and predict.pdf/png (default DIR: SWEEP/predict).
 """
@@ -19,10 +19,10 @@ matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specexp.cli import fail  # noqa: E402
+from specexp.cli import CommandParser, fail  # noqa: E402
 from specexp.core.metrics import arms  # noqa: E402
 from specexp.costs import cost_model  # noqa: E402
-from specexp.costs.profile import Profile  # noqa: E402
+from specexp.costs.hardware_profile import Profile  # noqa: E402
 from specexp.output import markdown_table  # noqa: E402
 from specexp.reporting import plots  # noqa: E402
 from specexp.reporting.figures import job_profile, profile_label, study_jobs  # noqa: E402
@@ -57,7 +57,7 @@ def figure(table: pd.DataFrame, label: str, own_label: str | None) -> plt.Figure
     plots.paper_theme()
     fig, ax = plt.subplots(figsize=(plots.COLUMN_WIDTH_IN, 2.6), layout="constrained")
     priced = table.dropna(subset=["predicted", "predicted_own"])
-    palette = plots.draft_palette(priced["draft"])
+    palette = plots.palette_of(priced)
     for draft, rows in priced.groupby("draft"):
         ax.scatter(rows["predicted_own"], rows["predicted"], color=palette[draft], s=18, label=draft, zorder=3)
         for _, row in rows.iterrows():
@@ -73,7 +73,7 @@ def figure(table: pd.DataFrame, label: str, own_label: str | None) -> plt.Figure
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specexp.predict", description=__doc__,
+    parser = CommandParser(prog="python -m specexp.predict", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
     parser.add_argument("--profile", type=Path, required=True, help="a profile JSON (python -m specexp.profile --out)")

@@ -41,6 +41,9 @@ def round_rows(batch_size: int, k: int) -> list[int]:
 class PreparedRuntime:
     forward: Callable  # what the engine runs the target through: the model, or its lean decoder
     record: dict  # the settings and the matmul plan, for summary.json
+    # runtime.compile=true: the forward, compiled (its graphs warmed before timing, its eager decoder for
+    # one-off passes, its counters in summary.json); None: the forward runs eagerly
+    compiled: CompiledDecoder | None = None
 
 
 @dataclass
@@ -109,6 +112,8 @@ class LeanRuntime(HFRuntime):
             if not plans.remembered("fusion", key, lambda: fusion_pays(decoder, planned)):  # once per machine
                 decoder.unfuse()
             prepared.record["fuse_projections"] = decoder.fused
+        if prepared.record.get("compile"):  # target_forward compiled the lean decoder
+            prepared.compiled = prepared.forward
         return prepared
 
     def target_forward(self, target: LoadedModel) -> tuple[Callable, dict]:

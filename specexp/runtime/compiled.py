@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import torch
 
-from specexp.core.kv import StaticRaggedKV
+from specexp.core.kv import ForwardTraits, StaticRaggedKV, declares_forward
 from specexp.runtime.decoder import LeanDecoder
 
 
@@ -67,12 +67,10 @@ def held_capacity(slots: int, max_tokens: int) -> int:
     return -(-(slots + max_tokens) // CAPACITY_STEP) * CAPACITY_STEP
 
 
+@declares_forward(ForwardTraits(block_mask=True, cache="held"))  # a token tree's pass runs eagerly with its mask
 class CompiledDecoder:
     """Callable like LeanDecoder for the engine's caches; its full passes over the static cache
     of up to ``max_tokens`` new tokens run compiled."""
-
-    takes_static_cache = True
-    takes_block_mask = True  # a token tree's pass runs eagerly with its mask
 
     def __init__(self, decoder: LeanDecoder, mode: str | None = None, max_tokens: int = 32):
         self.decoder, self.mode, self.max_tokens = decoder, mode, max_tokens

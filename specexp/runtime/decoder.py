@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
+from specexp.core.kv import ForwardTraits, declares_forward
 from specexp.core.masks import attention_mask_4d, key_positions, windowed
 from specexp.errors import UserInputError
 from specexp.models import derived_from_kept, spread_over_devices
@@ -128,13 +129,12 @@ def fused_module(modules: list[nn.Module]) -> nn.Module | None:
     return None
 
 
+# core.kv.new_ragged_kv gives it a preallocated cache; a token tree's pass hands it its 4-D mask (`mask`)
+@declares_forward(ForwardTraits(block_mask=True, cache="static"))
 class LeanDecoder:
     """Callable like a causal LM for the engine's caches:
     ``(input_ids, attention_mask, position_ids, cache, logits_to_keep) -> .logits``; also
     ``embed`` -> ``run_layers`` (any range) -> ``logits`` for split forwards, and hidden states."""
-
-    takes_static_cache = True  # core.kv.new_ragged_kv gives it a preallocated cache
-    takes_block_mask = True  # a token tree's pass hands it its 4-D mask (`mask`)
 
     def __init__(self, model: PreTrainedModel, fuse_projections: bool = True):
         reason = unsupported_reason(model)

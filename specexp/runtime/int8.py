@@ -1,6 +1,6 @@
 """Weight-only int8 linears on a CPU: one scale per output channel, bf16 activations, PyTorch's
 ``_weight_int8pack_mm`` kernel (the one torchao's int8 weight-only layout dispatches to). A
-runtime kernel: drafts choose it (`drafts/quantize.py`), matmul plans time it against fp32.
+runtime kernel: drafts choose it (`drafts/parts/quantize.py`), matmul plans time it against fp32.
 """
 
 import torch

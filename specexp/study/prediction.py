@@ -1,67 +1,41 @@
-"""Acceptance predicted before decoding for (target, draft) pairs, priced at every K, and the table
-and ranking `python -m specexp.pairing` writes."""
+"""Acceptance predicted before decoding for (target, draft) pairs, priced at every K: the target's
+continuations, each draft replayed along them (study/replay.py), the rounds priced with this
+machine's profile (`python -m specexp.pairing`; its table and ranking: reporting/ranking.py)."""
 
 import statistics
-from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 from omegaconf import DictConfig, open_dict
-from rich.console import Console
-from rich.table import Table
 from tqdm import tqdm
 
-from specexp.core.engine import generate
 from specexp.costs.cost_model import price_rounds, round_yields
-from specexp.costs.k_choice import build_draft, resolve_draft_k
-from specexp.drafts.oracle import greedy_continuations
+from specexp.drafts.build import build_draft, resolve_draft_k
 from specexp.errors import UserInputError
 from specexp.study import intervals
+from specexp.study.references import continuations
 from specexp.study.replay import ReplayedRounds, acceptance_curve, alpha, replay, teacher_forced
 from specexp.study.run import Study, prepare
 
 # Prompts replayed together: a draft's step costs about the same for 8 rows as for 1 on a CPU (its
 # weights are read once a step either way); p of every position is held for them under sampling.
 REPLAY_ROWS = 8
-SHOWN = ("target", "draft", "data", "temperature", "best_k", "mean_k", "predicted_alpha", "predicted_tau",
-         "predicted_speedup")
-
-
-_SAMPLED: dict[tuple, list[int]] = {}  # (target, prompt, new tokens, warp, seed) -> continuation, for the process
 
 
 def references(study: Study, extra: int) -> list[list[int]]:
     """The target's own continuation of each prompt, ``extra`` tokens past max_new_tokens (the last round's
-    proposal is judged in full): greedy, or sampled with the study's warp (seeded). Kept for the process,
-    so the drafts of one target are replayed along the same continuations, written once."""
-    new_tokens = study.max_new_tokens + extra
-    if study.sampling.greedy:
-        return greedy_continuations(study.forward, study.target, study.encoded, new_tokens, study.batch_size)
-    device = study.target.model.device
-    warp = tuple(sorted(asdict(study.sampling).items()))
-    refs = []
-    for i, ids in enumerate(study.encoded):
-        key = (study.target.name, tuple(ids), new_tokens, warp, study.seed + i)
-        if key not in _SAMPLED:
-            _SAMPLED[key] = generate(study.forward, [ids], None, study.sampling, new_tokens, study.target.eos_token_ids,
-                                     torch.Generator(device).manual_seed(study.seed + i), study.target.pad_token_id).tokens[0]
-        refs.append(_SAMPLED[key])
-    return refs
+    proposal is judged in full): greedy, or sampled with the study's warp (prompt i seeded seed + i); kept
+    for the process (study/references.py), so the drafts of one target are replayed along the same ones."""
+    return continuations(study.forward, study.target, study.encoded, study.max_new_tokens + extra, study.batch_size,
+                         study.sampling, study.seed)
 
 
 def replay_drafter(draft_cfg: DictConfig, study: Study, built=None):
-    """The draft the replay runs for ``draft_cfg`` (``built``: the study's drafter of it): for a draft
-    that runs the target's pass itself (early exit, shared) the same layers with a cache of their own
-    (mode=naive: the same drafts, tested in tests/test_early_exit.py), since no target pass runs."""
+    """The draft the replay runs for ``draft_cfg`` (``built``: the study's drafter of it): a draft that
+    runs the target's pass itself hands over its standalone self (SharesTargetPass.standalone), since
+    no target pass runs in a replay."""
     drafter = built if built is not None else build_draft(draft_cfg, study.target).drafter
-    if not drafter.traits.shares_target_pass:
-        return drafter
-    naive = draft_cfg.copy()
-    with open_dict(naive):
-        naive.mode = "naive"
-    return build_draft(naive, study.target).drafter
+    return drafter.standalone() if drafter.traits.shares_target_pass else drafter
 
 
 def fixed_k_config(draft_cfg: DictConfig, k: int) -> DictConfig | None:
@@ -149,31 +123,3 @@ def price_replayed(rounds: ReplayedRounds, k: int, study: Study, context: float,
             interval = intervals.percentile_interval(speedup(drawn[:, 0] / drawn[:, 2], drawn[:, 1] / drawn[:, 2]))
     return {"predicted_tau": float(tokens.mean()), "predicted_speedup": float(speedup(tokens.mean(), target_s.mean())),
             "predicted_speedup_ci95": interval}
-
-
-def ranking(table: pd.DataFrame) -> pd.DataFrame:
-    """Each pair at its best K, the drafts of each target from the fastest predicted down."""
-    best = table[table["is_best_k"]].copy()
-    best["rank"] = best.groupby(["target", "data", "temperature"])["predicted_speedup"].rank(ascending=False,
-                                                                                              method="first")
-    return best.sort_values(["target", "data", "temperature", "rank"]).reset_index(drop=True)
-
-
-def write_predictions(rows: list[dict], out: Path) -> pd.DataFrame:
-    if not rows:
-        raise UserInputError("no (target, draft) pair applied: nothing was predicted")
-    table = pd.DataFrame(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_parquet(out / "pairing.parquet", index=False)
-    table.to_csv(out / "pairing.csv", index=False)
-    ranked = ranking(table)
-    view = Table(title="predicted at each pair's best K (ranked per target)")
-    for column in ("rank", *SHOWN):
-        view.add_column(column, justify="left" if column in ("target", "draft", "data") else "right")
-    for row in ranked.itertuples():
-        view.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v)
-                       for v in (int(row.rank), *(getattr(row, c) for c in SHOWN))))
-    Console(width=160).print(view)
-    print(f"predictions: {out / 'pairing.parquet'}")
-    return table
-

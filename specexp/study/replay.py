@@ -32,7 +32,7 @@ from specexp.core.engine import left_pad
 from specexp.core.interface import Context, Drafter, Proposal
 from specexp.core.kv import hidden_features
 from specexp.core.sampling import SamplingConfig, logits_to_probs
-from specexp.drafts.base import common_prefix
+from specexp.drafts.parts.base import common_prefix
 from specexp.errors import UserInputError
 
 

@@ -25,16 +25,17 @@ from specexp.core.engine import GenerationOutput, generate
 from specexp.core.interface import Drafter
 from specexp.core.k_policy import KPolicy
 from specexp.core.sampling import SamplingConfig
-from specexp.costs.k_choice import build_draft, make_policy
-from specexp.costs.profile import PROFILED_K, Profile, draft_key, ensure_profile, load_profile
+from specexp.costs.hardware_profile import PROFILED_K, Profile, draft_key, ensure_profile, load_profile
+from specexp.costs.k_choice import make_policy
 from specexp.data import Prompt, encode_prompts
-from specexp.drafts.oracle import greedy_continuations
+from specexp.drafts.build import build_draft
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.runtime import round_rows
 from specexp.runtime.compiled import CompiledDecoder
 from specexp.study import intervals, timing
 from specexp.study.divergence import divergence, divergence_line
+from specexp.study.references import greedy_continuations
 from specexp.study.summary import summarize
 from specexp.study.timing import TimingSettings
 from specexp.study.tracking import JobResults
@@ -56,6 +57,7 @@ class Study:
     seed: int
     forward: Callable  # the target's forward under the runtime (its lean decoder, or the model)
     runtime: dict  # the runtime's settings and matmul plan, recorded in summary.json
+    compiled: CompiledDecoder | None = None  # runtime.compile=true: `forward`, compiled (PreparedRuntime.compiled)
     profile: Profile | None = None  # this machine's costs, which the cost model prices rounds with
     draft_name: str = ""  # the draft's entry in the profile
     draft_config: str = ""  # the draft's config name (distilled, target_prefix): summary["draft"]
@@ -94,7 +96,7 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
             )
     study = Study(target, drafter, built.k_max, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
                   cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_name=draft_key(built.config),
-                  draft_config=built.name,
+                  draft_config=built.name, compiled=runtime.compiled,
                   timing=TimingSettings(**cfg.timing))
     if drafter.traits.greedy_only and not sampling.greedy:
         raise UserInputError(f"draft={type(drafter).__name__} needs greedy decoding; set sampling=greedy "
@@ -180,7 +182,7 @@ def batch_record(out: GenerationOutput, mode: str, batch: int, category: str | N
 
 def _add_divergences(study: Study, indices: list[int], answers: list[dict]) -> None:
     """Each answer whose greedy arms differ gets its first divergence (one untimed eager pass)."""
-    forward = study.forward.decoder if isinstance(study.forward, CompiledDecoder) else study.forward
+    forward = study.forward if study.compiled is None else study.compiled.decoder
     for i, row in zip(indices, answers, strict=True):
         if not row["identical"]:
             row["divergence"] = divergence(forward, study.encoded[i], row["ar_tokens"], row["spec_tokens"])
@@ -205,12 +207,12 @@ def warm_graphs(study: Study, batches: list[list[int]]) -> None:
     """runtime.compile=true: compile every graph the timed decodes can take (each batch size's
     prompt pass, passes of 1..K+1 tokens) before any is timed; a short warm-up decode meets only
     some, and a graph compiled inside a timed decode (seconds) would be charged to its arm."""
-    if not isinstance(study.forward, CompiledDecoder):
+    if study.compiled is None:
         return
     prompt_lengths = [max(len(study.encoded[i]) for i in indices) for indices in batches]
     capacity = max(prompt_lengths) + study.max_new_tokens + study.k_max + 1  # the longest decode's booking
     started = time.perf_counter()
-    graphs = study.forward.warm([len(indices) for indices in batches], [*range(1, study.k_max + 2), *prompt_lengths],
+    graphs = study.compiled.warm([len(indices) for indices in batches], [*range(1, study.k_max + 2), *prompt_lengths],
                                 capacity)
     print(f"[compile] {graphs} graph(s) compiled before timing in {time.perf_counter() - started:.1f} s")
 
@@ -281,7 +283,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     summary.target = target.name
     summary.draft = study.draft_config
     summary.vocab_overlap = drafter.traits.vocab_overlap if drafter is not None else None
-    summary.runtime = study.runtime | (study.forward.stats() if isinstance(study.forward, CompiledDecoder) else {})
+    summary.runtime = study.runtime | ({} if study.compiled is None else study.compiled.stats())
     summary = summary.to_dict()
     results.finish(summary, rounds_df, batches_df, study.profile.record() if study.profile is not None else None)
     tracker.log_run(summary, rounds_df, all_answers)

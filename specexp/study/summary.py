@@ -16,7 +16,7 @@ import pandas as pd
 
 from specexp.core import metrics
 from specexp.costs import cost_model
-from specexp.costs.profile import Profile
+from specexp.costs.hardware_profile import Profile
 from specexp.study import intervals
 
 

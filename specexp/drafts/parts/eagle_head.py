@@ -14,7 +14,7 @@ instead of a layer whose attention input is 2H wide.
 
 The head quacks like a Llama causal LM (``get_decoder``, ``get_output_embeddings``, ``config``) so
 the lean decoder runs its layer; the target's embedding (and head, when shared) are held outside
-the module tree (`drafts/feature_head.py`). Saved as ``eagle_head.json`` + ``eagle_head.safetensors``
+the module tree (`drafts/parts/feature_head.py`). Saved as ``eagle_head.json`` + ``eagle_head.safetensors``
 (+ ``draft_vocab.json``).
 """
 
@@ -25,7 +25,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specexp.draft_vocab import DraftVocab, restricted_head
-from specexp.drafts.feature_head import FeatureHead, Prediction
+from specexp.drafts.parts.feature_head import FeatureHead, Prediction
 from specexp.models import LoadedModel
 from specexp.runtime.decoder import LeanDecoder, lean_decoder, rms_norm
 

@@ -16,10 +16,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 
-from specexp.draft_vocab import DraftVocab, restricted_head
+from specexp.core.kv import ForwardTraits, declares_forward
+from specexp.draft_vocab import DraftVocab, restricted_head, vocab_fingerprint
 from specexp.errors import DraftDoesNotApply, UserInputError
-from specexp.models import LoadedModel
-from specexp.ngram.corpus import vocab_fingerprint
+from specexp.models import LoadedModel, StudentTraits
 from specexp.runtime.decoder import LeanDecoder, lean_decoder
 
 HEAD_CONFIG = "exit_head.json"
@@ -107,6 +107,7 @@ def target_decoder(model: nn.Module) -> LeanDecoder:
         raise UserInputError(f"early exit needs a Llama-shaped target: {e}") from None
 
 
+@declares_forward(ForwardTraits(cache="static"))  # core.kv.new_ragged_kv: its layers run through the target's lean decoder
 class EarlyExitModel(nn.Module):
     """The target's layers 0..L-1 and an exit head, as a causal LM with the call signature the
     engine's KV cache and the distillation module use.
@@ -116,8 +117,6 @@ class EarlyExitModel(nn.Module):
     target's ids (the trunk is the target's own); only the outputs may be a draft vocabulary.
     """
 
-    reads_target_ids = True
-    takes_static_cache = True  # core.kv.new_ragged_kv: its layers run through the target's lean decoder
 
     def __init__(self, target_model: nn.Module, head: ExitHead, target_space_logits: bool = True):
         super().__init__()
@@ -158,4 +157,5 @@ def exit_head_student(target: LoadedModel, exit_layer: int, adapter_size: int = 
     head = ExitHead.trainable(target_decoder(target.model), exit_layer, adapter_size, draft_vocab, vocab_fingerprint(target))
     model = EarlyExitModel(target.model, head, target_space_logits=False)
     return LoadedModel(model=model.train(), tokenizer=target.tokenizer, name=f"exit-head-L{exit_layer}",
-                       draft_vocab=draft_vocab)
+                       draft_vocab=draft_vocab, as_student=StudentTraits(generates=False, reads_target_ids=True,
+                                                                         hf_folder=False))

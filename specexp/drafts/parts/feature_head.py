@@ -14,10 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from specexp.draft_vocab import DraftVocab
+from specexp.draft_vocab import DraftVocab, vocab_fingerprint
 from specexp.errors import DraftDoesNotApply, UserInputError
 from specexp.models import LoadedModel
-from specexp.ngram.corpus import vocab_fingerprint
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from specexp.draft_vocab import DraftVocab, restricted_head
-from specexp.drafts.feature_head import FeatureHead, Prediction
+from specexp.drafts.parts.feature_head import FeatureHead, Prediction
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 
