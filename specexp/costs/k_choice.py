@@ -1,7 +1,7 @@
-"""`draft.k=auto` / `heuristic` as K policies wired to a study: the cost model's choice each round
-(`core/k_policy.ModelK`; of a dynamic tree's node budget, `core/tree_policy.TreeK`) or HF's
-num_assistant_tokens_schedule (`core/k_policy.HeuristicK`), priced with this machine's profile.
-Which policy a config asks for is read in drafts/build.py."""
+"""K policies wired to a study: `draft.k=NAME` builds conf/k_policy/NAME.yaml's `_target_` (auto: the
+cost model's choice each round, `core/k_policy.ModelK`, or a dynamic tree's node budget,
+`core/tree_policy.TreeK`, priced with this machine's profile; heuristic: HF's
+num_assistant_tokens_schedule, `core/k_policy.HeuristicK`). drafts/build.py reads which one a config asks for."""
 
 import functools
 
@@ -10,16 +10,28 @@ import numpy as np
 from specexp.core.k_policy import HeuristicK, KPolicy, ModelK
 from specexp.core.tree_policy import TreeK
 from specexp.costs.hardware_profile import Profile
+from specexp.drafts.build import policy_config
 from specexp.errors import UserInputError
 
 CONTEXT_BLOCK = 16  # tokens of context priced alike (T(n, L) moves ~1% per 100 tokens here)
 
 
 def make_policy(name: str | None, profile: Profile | None, draft: str, drafter) -> KPolicy | None:
+    """The K policy ``draft.k=NAME`` names (conf/k_policy/NAME.yaml), for this draft; None: K fixed."""
+    from hydra.utils import instantiate
+
     if name is None:
         return None
-    if name == "heuristic":
-        return HeuristicK()
+    return instantiate(policy_config(name))(profile, draft, drafter)
+
+
+def heuristic_policy(profile: Profile | None, draft: str, drafter) -> KPolicy:
+    """draft.k=heuristic: HF's schedule (no profile needed)."""
+    return HeuristicK()
+
+
+def priced_policy(profile: Profile | None, draft: str, drafter) -> KPolicy:
+    """draft.k=auto: each round's K (a dynamic tree's node budget) chosen by the cost model from ``profile``."""
     if profile is None:
         raise UserInputError("draft.k=auto needs a hardware profile; set profile.enabled=true or give profile.path")
     k_max, shared = drafter.traits.k_max, drafter.traits.shares_target_pass

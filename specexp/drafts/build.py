@@ -3,15 +3,27 @@ or a K policy's name: then the draft is built for `k_max` tokens), the keys that
 rather than configure it (`name`, `card`) set aside, the rest instantiated with the target."""
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from specexp.cli import CONFIG_DIR
 from specexp.core.interface import Drafter
 from specexp.errors import UserInputError
 
-POLICIES = ("auto", "heuristic")
+POLICY_DIR = Path(CONFIG_DIR) / "k_policy"  # a K policy is conf/k_policy/NAME.yaml (costs/k_choice.py builds it)
 DEFAULT_K_MAX = 8
 NOT_ARGUMENTS = ("name", "card")  # what reports call the draft and what the package reads of it (drafts/registry.py)
+
+
+def policy_names() -> list[str]:
+    """The K policies draft.k may name: conf/k_policy/*.yaml."""
+    return sorted(p.stem for p in POLICY_DIR.glob("*.yaml"))
+
+
+def policy_config(name: str) -> DictConfig:
+    """conf/k_policy/NAME.yaml: the `_target_` of the K policy draft.k=NAME builds."""
+    return OmegaConf.load(POLICY_DIR / f"{name}.yaml")
 
 
 def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
@@ -37,8 +49,8 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
             k = "auto"
         if not isinstance(k, str):
             return draft_cfg, None
-        if k not in POLICIES:
-            raise UserInputError(f"draft.k={k} is not allowed; give an integer >= 1, or one of: {', '.join(POLICIES)}")
+        if k not in policy_names():
+            raise UserInputError(f"draft.k={k} is not allowed; give an integer >= 1, or one of: {', '.join(policy_names())}")
         if not isinstance(k_max, int) or k_max < 1:
             raise UserInputError(f"draft.k_max={k_max} is not allowed; it must be an integer >= 1")
         draft_cfg.k = k_max
