@@ -140,6 +140,17 @@ def test_greedy_identity_and_same_drafts_in_both_modes(deep_target, prompts, mod
     assert spec.n_accepted[spec.active].tolist() == other.n_accepted[other.active].tolist()
 
 
+def test_a_shared_drafts_standalone_copy_drafts_what_it_drafts(deep_target, prompts):
+    """SharesTargetPass.standalone: what the pairing replay runs for a shared early exit (no target pass to
+    share there) accepts what the shared draft accepts, round for round, and is not itself shared."""
+    shared = early_exit_drafter(deep_target, exit_layer=2, k=3, mode="shared")
+    standalone = shared.standalone()
+    assert not standalone.traits.shares_target_pass and standalone.traits.k_max == 3
+    spec, copy = _gen(deep_target, prompts, shared), _gen(deep_target, prompts, standalone)
+    assert spec.tokens == copy.tokens
+    assert spec.n_accepted[spec.active].tolist() == copy.n_accepted[copy.active].tolist()
+
+
 def test_trained_head_raises_heldout_alpha_then_loads_as_an_exact_draft(tmp_path):
     target = deep_tiny_model(0, scale=3.0)
     target.model.float()
