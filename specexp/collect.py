@@ -1,6 +1,6 @@
-"""`python -m specexp.collect`: the command; its code is specexp/reporting/collect.py."""
+"""`python -m specexp.collect`: the command; its code is specexp/reporting/job_table.py."""
 
-from specexp.reporting.collect import main
+from specexp.reporting.job_table import main
 
 if __name__ == "__main__":
     main()

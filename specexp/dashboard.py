@@ -1,6 +1,6 @@
-"""`python -m specexp.dashboard`: the command; its code is specexp/reporting/dashboard.py."""
+"""`python -m specexp.dashboard`: the command; its code is specexp/reporting/workspace.py."""
 
-from specexp.reporting.dashboard import main
+from specexp.reporting.workspace import main
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
-"""`python -m specexp.predict`: the command; its code is specexp/reporting/predict.py."""
+"""`python -m specexp.predict`: the command; its code is specexp/reporting/repricing.py."""
 
-from specexp.reporting.predict import main
+from specexp.reporting.repricing import main
 
 if __name__ == "__main__":
     main()

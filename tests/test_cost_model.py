@@ -313,7 +313,7 @@ def test_the_model_curve_passes_within_10_percent_of_a_recorded_sweep():
     """benchmarks/cost_model_k_sweep: experiment=k_sweep as run for docs/lab_notes/cost_model.md (2-core AMD
     EPYC). Each draft's curve (its K = 8 run re-priced at K = 1..8 under the run's profile) against
     the speedup measured at every fixed K of the sweep."""
-    from specexp.reporting import figures
+    from specexp.reporting import paper_figures as figures
 
     jobs = figures.study_jobs([RECORDED_SWEEP])
     model, label = figures.model_curves(jobs)

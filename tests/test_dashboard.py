@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from specexp.reporting.dashboard import Key, build_workspace, referenced_keys
+from specexp.reporting.workspace import Key, build_workspace, referenced_keys
 from tests.commands import run_module
 from tests.conftest import cli_once_per_run
 from tests.wandb_reader import offline_run

@@ -22,7 +22,7 @@ from specexp.errors import UserInputError
 from specexp.models import load_model
 from specexp.ngram.corpus import corpus_documents, self_written_prompts, user_turn_prefix
 from specexp.output import markdown_table
-from specexp.reporting.collect import collect, distillation_table
+from specexp.reporting.job_table import collect, distillation_table
 from tests.commands import on_tiny_local_target, run_distill, run_smoke_study, run_specexp
 from tests.conftest import EOS, tiny_model
 from tests.distilling import fit_and_validate, target_documents, toy_corpus_args, trainer

@@ -15,7 +15,7 @@ from matplotlib.collections import PathCollection  # noqa: E402
 from specexp.core import metrics  # noqa: E402
 from specexp.costs.cost_model import best_speedup_on  # noqa: E402
 from specexp.reporting import plots  # noqa: E402
-from specexp.reporting.figures import make_figures  # noqa: E402
+from specexp.reporting.paper_figures import make_figures  # noqa: E402
 from tests.commands import run_module
 
 DRAFTS = ("prompt_lookup", "distilled")
@@ -170,7 +170,7 @@ def test_wandb_jobs_maps_runs_to_the_job_table(monkeypatch):
             return runs
 
     monkeypatch.setattr(wandb, "Api", FakeApi)
-    from specexp.reporting.figures import wandb_jobs
+    from specexp.reporting.paper_figures import wandb_jobs
 
     table = wandb_jobs("me/specexp", group="k_sweep")
     assert calls == [("me/specexp", {"group": "k_sweep"})]

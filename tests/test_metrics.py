@@ -93,7 +93,7 @@ def test_one_arm_metrics_measures_the_run_and_each_category():
 
 
 def test_each_prompts_row_of_the_figures_is_arm_metrics_of_its_rounds(tmp_path):
-    from specexp.reporting.figures import per_prompt_table
+    from specexp.reporting.paper_figures import per_prompt_table
     from specexp.study.summary import arm_metrics
 
     rounds, _ = two_category_run()
@@ -110,7 +110,7 @@ def test_each_prompts_row_of_the_figures_is_arm_metrics_of_its_rounds(tmp_path):
 def test_the_key_lists_of_the_table_wandb_and_the_report_are_the_summarys_metadata():
     from dataclasses import fields
 
-    from specexp.reporting import collect
+    from specexp.reporting import job_table as collect
     from specexp.study import tracking
     from specexp.study.summary import RunSummary, keys
 

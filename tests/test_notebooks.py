@@ -90,7 +90,8 @@ def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, kernel, request):
 
 def check_figures_on_real_results(name: str, sweep: Path) -> None:
     """The plotting functions on this real sweep draw the series its factors call for."""
-    from specexp.reporting import figures, plots
+    from specexp.reporting import paper_figures as figures
+    from specexp.reporting import plots
 
     if name == "distill_ablation":
         ax = plots.distillation_curves(figures.distillation_history([sweep])).axes[0]

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from specexp.cli import CONFIG_DIR
-from specexp.reporting.collect import collect
+from specexp.reporting.job_table import collect
 from specexp.study.prediction import fixed_k_config
 from tests.commands import run_each, run_module, run_specexp
 

@@ -88,7 +88,8 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
             "headline.tex"} <= made
     assert "skipped temperature_effect: needs 2 or more temperatures" in out.stdout
     # The plotting functions on the real tables: a series per draft of the sweep, its model curve and best K.
-    from specexp.reporting import figures, plots
+    from specexp.reporting import paper_figures as figures
+    from specexp.reporting import plots
 
     jobs = figures.study_jobs([sweep])
     drafts = {"prompt_lookup", "target_prefix", "distilled", "eagle", "medusa"}
@@ -235,8 +236,9 @@ def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path)
     out = run_specexp("experiment=exit_layer_sweep", "size=smoke", "draft.k=2", "draft.exit_layer=6,18",
                       "max_new_tokens=16", "profile.enabled=false", f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
-    from specexp.reporting import figures, plots
-    from specexp.reporting.collect import collect
+    from specexp.reporting import paper_figures as figures
+    from specexp.reporting import plots
+    from specexp.reporting.job_table import collect
 
     table = collect([sweep])  # (the collect and figures commands: test_smoke_k_sweep_runs_collects_and_plots)
     assert len(table) == 4 and set(table["status"]) == {"ok"} and (table["greedy_match"] == 1.0).all()
@@ -276,7 +278,7 @@ def test_smoke_tree_sweep_runs_records_depths_and_plots(smoke_tree_sweep, tmp_pa
     out = run_module("specexp.figures", str(sweep), "--out", str(tmp_path / "figures"))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "figures" / "tree_budget.pdf").exists()
-    from specexp.reporting import figures
+    from specexp.reporting import paper_figures as figures
 
     jobs = figures.study_jobs([sweep])
     assert set(jobs["branches"]) == {1, 2} and jobs[["accepted_per_pass", "nodes_per_pass"]].notna().all().all()

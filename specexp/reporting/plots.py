@@ -1,6 +1,6 @@
 """Paper figures from collected sweep tables (seaborn + matplotlib).
 
-Every function takes DataFrames made by `specexp.reporting.collect` / `specexp.reporting.figures` and returns a
+Every function takes DataFrames made by `specexp.reporting.job_table` / `specexp.reporting.paper_figures` and returns a
 matplotlib Figure; none saves or shows. Inputs:
 - `jobs`: one row per job (`choice.draft`, `cfg.draft.k`, `alpha`, `cost_ratio_c`, `speedup`, ...);
 - `prompts`: one row per (job, prompt) (`per_prompt_table`), for intervals over prompts;
@@ -84,7 +84,7 @@ def optimal_k(a: float, c: float, k_max: int = 32) -> int:
 
 
 def interval_errors(rows: pd.DataFrame, metric: str) -> np.ndarray | None:
-    """Error bars [2, n] (below, above) from the jobs' 95% intervals (`METRIC_ci95_lo/hi`, specexp.reporting.collect);
+    """Error bars [2, n] (below, above) from the jobs' 95% intervals (`METRIC_ci95_lo/hi`, specexp.reporting.job_table);
     None when the table has none (jobs written before intervals)."""
     lo, hi = f"{metric}_ci95_lo", f"{metric}_ci95_hi"
     if lo not in rows or rows[lo].isna().all():

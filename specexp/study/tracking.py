@@ -160,7 +160,7 @@ class WandbTracker:
             sample = rounds.sample(min(len(rounds), self.max_table_rows), random_state=0) if len(rounds) else rounds
             texts = [[a["prompt_id"], a["category"], a["spec_text"], a["ar_text"], a["identical"],
                       *divergence_columns(a.get("divergence"))] for a in answers]
-            # History rows that let panels draw lines across runs (specexp.reporting.dashboard): one with the
+            # History rows that let panels draw lines across runs (specexp.reporting.workspace): one with the
             # headline numbers at x = k, then one per draft position at x = position.
             self.run.log({"k": summary["k"], **{key: summary[key] for key in HEADLINE_KEYS if summary.get(key) is not None},
                           **interval_keys(summary)})

@@ -25,7 +25,7 @@ from specexp.costs import cost_model  # noqa: E402
 from specexp.costs.hardware_profile import Profile  # noqa: E402
 from specexp.output import markdown_table  # noqa: E402
 from specexp.reporting import plots  # noqa: E402
-from specexp.reporting.collect import collect, validation_history  # noqa: E402
+from specexp.reporting.job_table import collect, validation_history  # noqa: E402
 from specexp.study.summary import arm_metrics  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def study_jobs(paths: list[Path]) -> pd.DataFrame:
 
 
 def finished_studies(table: pd.DataFrame) -> pd.DataFrame:
-    """`study_jobs` of a collected table (reporting/collect.collect)."""
+    """`study_jobs` of a collected table (reporting/job_table.collect)."""
     if table.empty or "status" not in table or "alpha" not in table:
         return pd.DataFrame()
     table = table[(table["status"] == "ok") & (table["kind"] == "study")].copy()

@@ -25,7 +25,7 @@ from specexp.costs import cost_model  # noqa: E402
 from specexp.costs.hardware_profile import Profile  # noqa: E402
 from specexp.output import markdown_table  # noqa: E402
 from specexp.reporting import plots  # noqa: E402
-from specexp.reporting.figures import job_profile, profile_label, study_jobs  # noqa: E402
+from specexp.reporting.paper_figures import job_profile, profile_label, study_jobs  # noqa: E402
 
 
 def reprice(jobs: pd.DataFrame, profile: Profile) -> pd.DataFrame:
