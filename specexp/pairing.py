@@ -20,8 +20,8 @@ A draft that does not apply to a target is skipped with one line."""
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The command's options, and the Hydra overrides that follow them."""
     parser = CommandParser(prog="python -m specexp.pairing", description=DESCRIPTION,
-                                     usage="%(prog)s [--targets A,B] [--drafts X,Y] [--profile FILE] [--out DIR] [OVERRIDES ...]",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                           usage="%(prog)s [--targets A,B] [--drafts X,Y] [--profile FILE] [--out DIR] [OVERRIDES ...]",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--targets", default="default", help="target configs, comma-separated (default: default)")
     parser.add_argument("--drafts", default=None, help="draft configs, comma-separated (default: the drafts whose YAML "
                         "card says pairing: true: prompt_lookup, target_prefix, distilled, eagle, medusa)")

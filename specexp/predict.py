@@ -1,6 +1,48 @@
-"""`python -m specexp.predict`: the command; its code is specexp/reporting/repricing.py."""
+"""`python -m specexp.predict SWEEP [SWEEP ...] --profile P.json [--out DIR]`: a finished sweep on other
+hardware (the command; the re-pricing is specexp/reporting/repricing.py)."""
 
-from specexp.reporting.repricing import main
+import argparse
+import sys
+from pathlib import Path
+
+from specexp.cli import CommandParser, fail
+from specexp.costs.hardware_profile import Profile
+from specexp.output import markdown_table
+from specexp.reporting.paper_figures import study_jobs
+from specexp.reporting.repricing import reprice, write_repricing
+
+DESCRIPTION = """A finished sweep on other hardware. Every job's rounds (what its draft proposed and the rule
+accepted, round by round) are re-priced with the cost model under the profile P (say one measured
+on a GPU with `python -m specexp.profile --out P.json`) next to the profile the job ran with.
+Acceptance does not depend on the hardware; T(n), the draft's step and the prompt pass do. Writes
+DIR/predict.csv, predict.md and predict.pdf/png (default DIR: SWEEP/predict)."""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = CommandParser(prog="python -m specexp.predict", description=DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
+    parser.add_argument("--profile", type=Path, required=True, help="a profile JSON (python -m specexp.profile --out)")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: FIRST_PATH/predict)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.profile.is_file():
+        fail(f"--profile '{args.profile}' is not a file; python -m specexp.profile --out FILE writes one")
+    if missing := [str(p) for p in args.paths if not p.exists()]:
+        fail(f"'{missing[0]}' does not exist")
+    jobs = study_jobs(args.paths)
+    if jobs.empty:
+        fail(f"no finished study jobs under {', '.join(map(str, args.paths))}")
+    profile = Profile.load(args.profile)
+    table = reprice(jobs, profile)
+    out = args.out or args.paths[0] / "predict"
+    write_repricing(table, profile, jobs, out)
+    print(markdown_table(table))
+    print(f"wrote {out / 'predict.csv'}, predict.md and predict.pdf/png")
+
 
 if __name__ == "__main__":
     main()

@@ -1,15 +1,13 @@
-"""`python -m specexp.collect PATH [PATH ...]`: every job of one or more sweeps as one table.
+"""The job table: one row per job folder of one or more sweeps (what `python -m specexp.collect`
+writes and prints, and the analysis notebooks read).
 
-One row per job folder (a folder with Hydra's .hydra/config.yaml), a study's or a distillation's
-(`kind`): the flattened config (`cfg.` columns), the Hydra choices (`choice.`), the command-line
+A job folder is one with Hydra's .hydra/config.yaml, a study's or a distillation's (`kind`). Its row
+holds the flattened config (`cfg.` columns), the Hydra choices (`choice.`), the command-line
 overrides (`set.`), the metrics (a study's summary.json; a distillation's result.json and its best
 validation) and a status: ok, failed or skipped (error.json, with the error; skipped: a pair whose
-draft does not apply to its target) or incomplete (killed or still running). Writes
-PATH/collected.parquet and collected.csv (the analysis notebooks' input), prints
-a compact comparison table and, with --markdown FILE, writes it as markdown too.
+draft does not apply to its target) or incomplete (killed or still running).
 """
 
-import argparse
 import json
 from pathlib import Path
 
@@ -18,8 +16,6 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from specexp.cli import CommandParser, fail, one_line_errors
-from specexp.output import markdown_table
 from specexp.study.intervals import column_interval, fmt_interval
 from specexp.study.summary import interval_columns, keys
 
@@ -141,27 +137,3 @@ def print_table(table: pd.DataFrame, console: Console | None = None) -> None:
     for row in shown.itertuples(index=False):
         view.add_row(*(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row))
     (console or Console()).print(view)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = CommandParser(prog="python -m specexp.collect", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
-    parser.add_argument("--out", type=Path, default=None, help="output stem (default: FIRST_PATH/collected)")
-    parser.add_argument("--markdown", type=Path, default=None, help="also write the printed table as markdown here")
-    args = parser.parse_args(argv)
-    with one_line_errors(FileNotFoundError):
-        table = collect(args.paths)
-    if table.empty:
-        fail(f"no job folders (with .hydra/config.yaml) under {', '.join(map(str, args.paths))}")
-    stem = args.out or args.paths[0] / "collected"
-    table.to_parquet(stem.with_suffix(".parquet"), index=False)
-    table.to_csv(stem.with_suffix(".csv"), index=False)
-    print_table(table)
-    if args.markdown:
-        args.markdown.write_text(markdown_table(shown_table(table), digits=4))
-    print(f"wrote {stem.with_suffix('.parquet')} and {stem.with_suffix('.csv')}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,12 +1,10 @@
-"""`python -m specexp.figures PATH [PATH ...] [--out DIR]`: every paper figure a sweep supports.
+"""The paper figures of a sweep (what `python -m specexp.figures` writes; the notebooks import it):
+which figures the finished jobs support, each drawn by reporting/plots.py, and the headline table.
 
-Reads sweep folders (multirun/NAME) or run folders: study jobs (summary.json +
-rounds.parquet) and distillation runs (result.json + metrics.jsonl). Writes each figure as
-vector PDF and PNG, the headline numbers as markdown and LaTeX (booktabs), and says which
-figures it skipped and why.
+Reads study jobs (summary.json + rounds.parquet) and distillation runs (result.json + metrics.jsonl);
+writes each figure as vector PDF and PNG and the headline numbers as markdown and LaTeX (booktabs).
 """
 
-import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +17,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specexp.cli import CommandParser, fail, one_line_errors  # noqa: E402
 from specexp.core import metrics  # noqa: E402
 from specexp.costs import cost_model  # noqa: E402
 from specexp.costs.hardware_profile import Profile  # noqa: E402
@@ -289,22 +286,3 @@ def make_figures(paths: list[Path], out: Path) -> tuple[list[str], dict[str, str
         write_headline(jobs, out)
         written += ["headline.md", "headline.tex"]
     return written, skipped
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = CommandParser(prog="python -m specexp.figures", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
-    parser.add_argument("--out", type=Path, default=None, help="where figures go (default: FIRST_PATH/figures)")
-    args = parser.parse_args(argv)
-    with one_line_errors(FileNotFoundError):
-        written, skipped = make_figures(args.paths, args.out or args.paths[0] / "figures")
-    for name, why in skipped.items():
-        print(f"skipped {name}: {why}")
-    if not written:
-        fail(f"nothing to plot under {', '.join(map(str, args.paths))}: no finished study jobs or distillation runs")
-    print(f"wrote {len(written)} files to {args.out or args.paths[0] / 'figures'}: {', '.join(written)}")
-
-
-if __name__ == "__main__":
-    main()

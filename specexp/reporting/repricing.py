@@ -1,14 +1,10 @@
-"""`python -m specexp.predict SWEEP [SWEEP ...] --profile P.json [--out DIR]`: a finished sweep on
-other hardware.
+"""A finished sweep re-priced on other hardware (what `python -m specexp.predict` writes).
 
-Every job's rounds (what its draft proposed and the rule accepted, round by round) are re-priced
-with the cost model under the profile P (say one measured on a GPU with `python -m
-specexp.costs.hardware_profile --out P.json`) next to the profile the job ran with. Acceptance does not
-depend on the hardware; T(n), the draft's step and the prompt pass do. Writes DIR/predict.csv,
-predict.md and predict.pdf/png (default DIR: SWEEP/predict).
+Every job's rounds (what its draft proposed and the rule accepted, round by round) are priced with
+the cost model under another machine's profile next to the profile the job ran with: acceptance does
+not depend on the hardware; T(n), the draft's step and the prompt pass do.
 """
 
-import argparse
 import json
 from pathlib import Path
 
@@ -19,13 +15,12 @@ matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specexp.cli import CommandParser, fail  # noqa: E402
 from specexp.core.metrics import arms  # noqa: E402
 from specexp.costs import cost_model  # noqa: E402
 from specexp.costs.hardware_profile import Profile  # noqa: E402
 from specexp.output import markdown_table  # noqa: E402
 from specexp.reporting import plots  # noqa: E402
-from specexp.reporting.paper_figures import job_profile, profile_label, study_jobs  # noqa: E402
+from specexp.reporting.paper_figures import job_profile, profile_label  # noqa: E402
 
 
 def reprice(jobs: pd.DataFrame, profile: Profile) -> pd.DataFrame:
@@ -72,24 +67,8 @@ def figure(table: pd.DataFrame, label: str, own_label: str | None) -> plt.Figure
     return fig
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = CommandParser(prog="python -m specexp.predict", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
-    parser.add_argument("--profile", type=Path, required=True, help="a profile JSON (python -m specexp.profile --out)")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default: FIRST_PATH/predict)")
-    args = parser.parse_args(argv)
-    if not args.profile.is_file():
-        fail(f"--profile '{args.profile}' is not a file; python -m specexp.profile --out FILE writes one")
-    missing = [str(p) for p in args.paths if not p.exists()]
-    if missing:
-        fail(f"'{missing[0]}' does not exist")
-    jobs = study_jobs(args.paths)
-    if jobs.empty:
-        fail(f"no finished study jobs under {', '.join(map(str, args.paths))}")
-    profile = Profile.load(args.profile)
-    table = reprice(jobs, profile)
-    out = args.out or args.paths[0] / "predict"
+def write_repricing(table: pd.DataFrame, profile: Profile, jobs: pd.DataFrame, out: Path) -> None:
+    """OUT/predict.csv, predict.md (the table under the profile's label) and predict.pdf/png (the figure)."""
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "predict.csv", index=False)
     label = profile_label(profile)
@@ -98,9 +77,3 @@ def main(argv: list[str] | None = None) -> None:
     fig = figure(table, label, profile_label(own) if own else None)
     for suffix in ("pdf", "png"):
         fig.savefig(out / f"predict.{suffix}")
-    print(markdown_table(table))
-    print(f"wrote {out / 'predict.csv'}, predict.md and predict.pdf/png")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,5 @@
-"""`python -m specexp.dashboard --project P [--entity E] [--group STUDY]`: a saved W&B workspace
-that compares drafts across the runs `logger=wandb` writes, built with wandb-workspaces.
+"""A W&B workspace (what `python -m specexp.dashboard` saves) that compares
+drafts across the runs `logger=wandb` writes, built with wandb-workspaces.
 
 Runs are grouped by study (W&B group = experiment_name) and draft (job_type), as the logger
 tags them, so every line below is one draft of one study:
@@ -10,20 +10,12 @@ tags them, so every line below is one draft of one study:
 - pairing (experiment=pairing): speedup by target x draft, a parallel-coordinates line per run from
   its target through its draft to its speedup and alpha;
 - a runs table: target, draft, K, temperature, data, alpha, tau, speedup, realized/predicted.
-
-Without an API key (or with --dry-run) it prints what it would save and exits 0.
 """
 
-import argparse
-import os
-import sys
 from dataclasses import dataclass
 
 import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
-
-from specexp.cli import CommandParser
-from specexp.study.tracking import wandb_mode
 
 
 @dataclass(frozen=True)
@@ -121,46 +113,3 @@ def describe(workspace: ws.Workspace) -> str:
             lines.append(f"    {type(panel).__name__}: {title}")
     lines.append(f"  runs table: {', '.join(workspace.runset_settings.pinned_columns)}")
     return "\n".join(lines)
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = CommandParser(prog="python -m specexp.dashboard", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--project", required=True, help="the W&B project the studies log to (logger.project)")
-    parser.add_argument("--entity", default=None, help="W&B entity (default: your default entity)")
-    parser.add_argument("--group", default=None, help="only this study's runs (its experiment_name, e.g. k_sweep)")
-    parser.add_argument("--name", default=None, help="the saved workspace's name")
-    parser.add_argument("--dry-run", action="store_true", help="print what would be saved; save nothing")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    online = wandb_mode("auto") == "online" and not args.dry_run
-    entity = args.entity
-    if online and entity is None:
-        try:
-            import wandb
-
-            entity = wandb.Api().default_entity
-        except Exception as error:  # no network or a bad key: say so and save nothing
-            print(f"not saved: could not reach W&B to find your entity ({str(error).splitlines()[0]}); "
-                  f"pass --entity or check the network")
-            online = False
-    workspace = build_workspace(args.project, entity or "<your-entity>", args.group, args.name)
-    print(describe(workspace))
-    if not online:
-        reason = "--dry-run" if args.dry_run else "no W&B API key (set WANDB_API_KEY or run `wandb login`)"
-        print(f"not saved: {reason}; run again online to save it")
-        return
-    try:
-        workspace.save()
-    except Exception as error:
-        print(f"not saved: W&B refused or could not be reached ({str(error).splitlines()[0]})")
-        return
-    print(f"saved: {workspace.url}")
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("WANDB_SILENT", "true")
-    main()
