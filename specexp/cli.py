@@ -63,6 +63,15 @@ class CommandParser(argparse.ArgumentParser):
         fail(f"{message} ({self.prog} --help)")
 
 
+def sweep_parser(prog: str, description: str, out_help: str) -> CommandParser:
+    """The options of a command that reads finished jobs (collect, figures, predict): their folders,
+    and where its output goes."""
+    parser = CommandParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
+    parser.add_argument("--out", type=Path, default=None, help=out_help)
+    return parser
+
+
 @contextmanager
 def one_line_errors(*expected: type[Exception]) -> Iterator[None]:
     """A UserInputError raised inside (also behind Hydra's InstantiationException), or one of the

@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specexp.cli import CommandParser, fail, one_line_errors
+from specexp.cli import fail, one_line_errors, sweep_parser
 from specexp.output import markdown_table
 from specexp.reporting.job_table import collect, print_table, shown_table
 
@@ -20,10 +20,7 @@ markdown too."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = CommandParser(prog="python -m specexp.collect", description=DESCRIPTION,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
-    parser.add_argument("--out", type=Path, default=None, help="output stem (default: FIRST_PATH/collected)")
+    parser = sweep_parser("python -m specexp.collect", DESCRIPTION, "output stem (default: FIRST_PATH/collected)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the printed table as markdown here")
     return parser.parse_args(argv)
 

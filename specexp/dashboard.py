@@ -6,21 +6,11 @@ import os
 import sys
 
 from specexp.cli import CommandParser
+from specexp.reporting import workspace
 from specexp.reporting.workspace import build_workspace, describe
 from specexp.study.tracking import wandb_mode
 
-DESCRIPTION = """A saved W&B workspace that compares drafts across the runs `logger=wandb` writes, built with
-wandb-workspaces.
-
-Runs are grouped by study (W&B group = experiment_name) and draft (job_type), as the logger
-tags them, so every line below is one draft of one study:
-- speedup against K (each run logs one history row with x = k);
-- acceptance curves (each run logs one row per draft position, x = position);
-- tau and speedup per prompt category (the `per_category` table of every run);
-- the alpha/c plane (summary alpha against summary cost_ratio_c);
-- pairing (experiment=pairing): speedup by target x draft, a parallel-coordinates line per run from
-  its target through its draft to its speedup and alpha;
-- a runs table: target, draft, K, temperature, data, alpha, tau, speedup, realized/predicted.
+DESCRIPTION = f"""{workspace.__doc__.strip()}
 
 Without an API key (or with --dry-run) it prints what it would save and exits 0."""
 

@@ -3,9 +3,8 @@ command; the figures are specexp/reporting/paper_figures.py and plots.py)."""
 
 import argparse
 import sys
-from pathlib import Path
 
-from specexp.cli import CommandParser, fail, one_line_errors
+from specexp.cli import fail, one_line_errors, sweep_parser
 from specexp.reporting.paper_figures import make_figures
 
 DESCRIPTION = """Every paper figure a sweep supports. Reads sweep folders (multirun/NAME) or run folders: study
@@ -15,10 +14,7 @@ figures it skipped and why."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = CommandParser(prog="python -m specexp.figures", description=DESCRIPTION,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
-    parser.add_argument("--out", type=Path, default=None, help="where figures go (default: FIRST_PATH/figures)")
+    parser = sweep_parser("python -m specexp.figures", DESCRIPTION, "where figures go (default: FIRST_PATH/figures)")
     return parser.parse_args(argv)
 
 

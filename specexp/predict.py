@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specexp.cli import CommandParser, fail
+from specexp.cli import fail, sweep_parser
 from specexp.costs.hardware_profile import Profile
 from specexp.output import markdown_table
 from specexp.reporting.paper_figures import study_jobs
@@ -19,11 +19,8 @@ DIR/predict.csv, predict.md and predict.pdf/png (default DIR: SWEEP/predict)."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = CommandParser(prog="python -m specexp.predict", description=DESCRIPTION,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
+    parser = sweep_parser("python -m specexp.predict", DESCRIPTION, "output folder (default: FIRST_PATH/predict)")
     parser.add_argument("--profile", type=Path, required=True, help="a profile JSON (python -m specexp.profile --out)")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default: FIRST_PATH/predict)")
     return parser.parse_args(argv)
 
 
