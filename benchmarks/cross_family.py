@@ -22,7 +22,10 @@ transformers' own cross-tokenizer assisted generation on the same prompts, in on
    our AR and our speculative decode take turns per prompt after one untimed warm-up decode each,
    every speedup over transformers' AR (one baseline), both acceptances matched / proposed draft
    tokens (theirs from its candidate generator's (proposed, matched) per round; ours the study's
-   drafted_acceptance_rate, accepted / proposed, not alpha's accepted / looked-at).
+   drafted_acceptance_rate, accepted / proposed, not alpha's accepted / looked-at). Where its
+   speculative sampling runs, each verified token is read against the q it was handed (the
+   acceptance sum_x min(p, q) that q implies, and whether q gives the drafted token probability 0):
+   an accepted share far above what q implies says q is not what the tokens were drawn from.
 """
 
 import argparse
@@ -35,6 +38,7 @@ import torch
 from common import decode_arguments, decode_ours, interleaved_summaries, report_header, write_report
 from hydra import compose, initialize_config_dir
 from transformers.generation import candidate_generator
+from transformers.generation import utils as generation_utils
 
 from specexp.cli import CONFIG_DIR
 from specexp.core.engine import generate
@@ -92,13 +96,17 @@ def runtime_cost(target: LoadedModel, lean_forward, encoded: list[list[int]], ma
 
 class CandidateLog:
     """(proposed, matched) per round of transformers' cross-tokenizer candidate generators, while in
-    its ``with`` block (USD's get_candidates calls UAG's: only the outermost call counts)."""
+    its ``with`` block (USD's get_candidates calls UAG's: only the outermost call counts); and, for
+    each token its speculative sampling verifies, read against the q it was handed: q(drafted token),
+    sum_x q(x)^2 (the mean of the former when the token is drawn from q) and the acceptance that q
+    implies, sum_x min(p, q) (Leviathan et al.; the accepted share estimates it when it is)."""
 
     CLASSES = (candidate_generator.AssistedCandidateGeneratorDifferentTokenizers,
                candidate_generator.UniversalSpeculativeDecodingGenerator)
 
     def __init__(self):
         self.proposed, self.matched, self._depth, self._saved = [], [], 0, []
+        self.q_drafted, self.q_collision, self.overlap = [], [], []  # per verified token
 
     def __enter__(self) -> "CandidateLog":
         for cls in self.CLASSES:
@@ -106,9 +114,12 @@ class CandidateLog:
         for cls in self.CLASSES:
             cls.get_candidates = self._logged_get(cls.get_candidates)
             cls.update_candidate_strategy = self._logged_update(cls.update_candidate_strategy)
+        self._saved_sampling = generation_utils._speculative_sampling  # a module global, looked up per call
+        generation_utils._speculative_sampling = self._logged_sampling(self._saved_sampling)
         return self
 
     def __exit__(self, *exc) -> None:
+        generation_utils._speculative_sampling = self._saved_sampling
         for cls, get, update in self._saved:
             for name, original in (("get_candidates", get), ("update_candidate_strategy", update)):
                 if original is None:
@@ -139,6 +150,17 @@ class CandidateLog:
                     self.matched.append(int(num_matches))
         return wrapped
 
+    def _logged_sampling(self, speculative_sampling):
+        def wrapped(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
+            q = candidate_logits[0].float().softmax(-1)  # (L, V): what transformers treats as the draft's q
+            p = new_logits[0, :candidate_length].float().softmax(-1)  # (L, V): the target's processed p
+            drafted = candidate_input_ids[0, -candidate_length:]
+            self.q_drafted += q[torch.arange(candidate_length), drafted].tolist()
+            self.q_collision += q.square().sum(-1).tolist()
+            self.overlap += torch.minimum(p, q).sum(-1).tolist()
+            return speculative_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
+        return wrapped
+
     def alpha(self) -> float | None:
         return sum(self.matched) / sum(self.proposed) if sum(self.proposed) else None
 
@@ -164,25 +186,27 @@ def head_to_head(target: LoadedModel, draft: LoadedModel, ours, forward, encoded
     seconds, tokens = {side: [] for side in sides}, {side: [] for side in sides}
     proposed, accepted = {"transformers assisted": 0, "specexp spec": 0}, {"transformers assisted": 0, "specexp spec": 0}
     rounds = {"transformers assisted": 0, "specexp spec": 0}
+    verified = {"q_drafted": [], "q_collision": [], "overlap": []}  # per token transformers' speculative sampling read
 
-    def decode(side: str, ids: list[int], new: int, seed: int) -> tuple[int, float, tuple[int, int, int]]:
-        """New tokens, seconds, and (proposed, accepted, rounds) of one decode."""
+    def decode(side: str, ids: list[int], new: int, seed: int) -> tuple[int, float, tuple[int, int, int], tuple]:
+        """New tokens, seconds, (proposed, accepted, rounds) and CandidateLog's per-token readings of one decode."""
         if side.startswith("specexp"):
             out = generate(forward, [ids], ours if side == "specexp spec" else None, sampling, new, target.eos_token_ids,
                            torch.Generator().manual_seed(seed), target.pad_token_id)
             return len(out.tokens[0]), out.total_s, (int(out.n_proposed.sum()), int(out.n_accepted.sum()),
-                                                     int(out.active.sum()))
+                                                     int(out.active.sum())), {}
         x = torch.tensor([ids])
         extra = {} if side == "transformers AR" else {"assistant_model": assistant, "tokenizer": target.tokenizer,
                                                        "assistant_tokenizer": draft.tokenizer}
-        before = (sum(log.proposed), sum(log.matched), len(log.proposed))
+        before = (sum(log.proposed), sum(log.matched), len(log.proposed), len(log.q_drafted))
         torch.manual_seed(seed)
         start = time.perf_counter()
         out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new,
                                     pad_token_id=target.pad_token_id, **sample, **extra)
         took = time.perf_counter() - start
         return out.shape[1] - len(ids), took, (sum(log.proposed) - before[0], sum(log.matched) - before[1],
-                                               len(log.proposed) - before[2])
+                                               len(log.proposed) - before[2]), {name: getattr(log, name)[before[3]:]
+                                                                                for name in verified}
 
     with CandidateLog() as log:
         for side in sides:  # warm-up: each side's first decode pays its one-time costs untimed
@@ -194,7 +218,9 @@ def head_to_head(target: LoadedModel, draft: LoadedModel, ours, forward, encoded
             except RuntimeError as error:  # transformers' assisted decode can raise on a prompt (an empty draft pass)
                 failed.append(f"{i}: {str(error).splitlines()[0][:80]}")
                 continue
-            for side, (n, took, (p, a, r)) in decoded.items():
+            for side, (n, took, (p, a, r), readings) in decoded.items():
+                for name, values in readings.items():
+                    verified[name] += values
                 seconds[side].append(took)
                 tokens[side].append(n)
                 if side in proposed:
@@ -207,7 +233,10 @@ def head_to_head(target: LoadedModel, draft: LoadedModel, ours, forward, encoded
     return {side: {"tokens_per_s": per_s[side], "speedup": per_s[side] / baseline,
                    "acceptance": accepted[side] / proposed[side] if proposed.get(side) else None,
                    "tau": sum(tokens[side]) / max(rounds[side], 1) if side in rounds else None,
-                   "prompts": len(seconds[side]), "failed": failed} for side in sides}
+                   "prompts": len(seconds[side]), "failed": failed,
+                   **{name: statistics.fmean(values) if side == "transformers assisted" and values else None
+                      for name, values in verified.items()}}
+            for side in sides}
 
 
 def main_tables(target: LoadedModel, smollm2: LoadedModel, prompts: int, max_new: int, k: int) -> dict[str, list[str]]:
@@ -217,8 +246,8 @@ def main_tables(target: LoadedModel, smollm2: LoadedModel, prompts: int, max_new
         LeanRuntime().prepare(target, drafter, round_rows(1, k + 1))
     rows = ["| data | sampling | method | alpha [95%] | tau | c | speedup [95%] | predicted (iid) | realized/pred "
             "| overlap | re-encode ms/round | identical |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    theirs = ["| data | sampling | side | prompts | accepted / proposed | tokens per round | speedup over transformers AR | "
-              "tokens/s |", "|---|---|---|---|---|---|---|---|"]
+    theirs = ["| data | sampling | side | prompts | accepted / proposed | sum min(p, q) | q(drafted) | sum q^2 "
+              "| tokens per round | speedup over transformers AR | tokens/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     failures = []
     encoded_sets = {}
     for data_name, loader in DATA.items():
@@ -244,7 +273,9 @@ def main_tables(target: LoadedModel, smollm2: LoadedModel, prompts: int, max_new
                                         max_new, k).items():
                 label = {"transformers assisted": f"{side}: {mapping}", "specexp spec": f"{side}: {ours_name}"}.get(side, side)
                 theirs.append(f"| {data_name} | {sampling_name} | {label} | {r['prompts']} | {fmt(r['acceptance'])} | "
-                              f"{fmt(r['tau'])} | {fmt(r['speedup'])} | {fmt(r['tokens_per_s'], 1)} |")
+                              f"{fmt(r.get('overlap'))} | {fmt(r.get('q_drafted'))} | {fmt(r.get('q_collision'))} | "
+                              f"{fmt(r['tau'])} | {fmt(r['speedup'])} | "
+                              f"{fmt(r['tokens_per_s'], 1)} |")
             failures += [f"- {data_name} {sampling_name}, prompt {f}" for f in r["failed"]]
     runtime = runtime_cost(target, prepared.forward, encoded_sets["mt_bench"], max_new)
     return {"rows": rows, "theirs": theirs, "runtime": runtime, "failures": failures}
@@ -286,6 +317,13 @@ def main() -> None:
              "## The lean runtime on Gemma3 (AR, MT-bench)", "", *tables["runtime"], "",
              "## target=gemma3_270m", "", *tables["rows"], "",
              "## Against transformers' cross-tokenizer assisted generation (same prompts, same draft, same K)", "",
+             "Where transformers' speculative sampling verifies (USD, under sampling), each verified token is "
+             "also read against the q it was handed (means over verified tokens): `sum min(p, q)` is the "
+             "acceptance that q implies, `q(drafted)` the probability q gives the token drafted and `sum q^2` "
+             "what that mean is when the token is drawn from q. Where q is what the tokens were drawn from, the "
+             "accepted share estimates `sum min(p, q)` and `q(drafted)` matches `sum q^2`; where they part, q "
+             "is not the draft's distribution, p / q is not the ratio speculative sampling needs, and the output "
+             "does not follow the target's distribution.", "",
              *tables["theirs"], "",
              "Prompts on which transformers' assisted generation raised (left out for all four sides of that setting):",
              "", *(tables["failures"] or ["- none"]), "",
