@@ -24,8 +24,9 @@ transformers' own cross-tokenizer assisted generation on the same prompts, in on
    tokens (theirs from its candidate generator's (proposed, matched) per round; ours the study's
    drafted_acceptance_rate, accepted / proposed, not alpha's accepted / looked-at). Where its
    speculative sampling runs, each verified token is read against the q it was handed (the
-   acceptance sum_x min(p, q) that q implies, and whether q gives the drafted token probability 0):
-   an accepted share far above what q implies says q is not what the tokens were drawn from.
+   acceptance sum_x min(p, q) that q implies, and the probability q gives the drafted token against
+   sum_x q(x)^2, its mean were the token drawn from q): an accepted share far above what q implies
+   says q is not what the tokens were drawn from.
 """
 
 import argparse
@@ -188,7 +189,7 @@ def head_to_head(target: LoadedModel, draft: LoadedModel, ours, forward, encoded
     rounds = {"transformers assisted": 0, "specexp spec": 0}
     verified = {"q_drafted": [], "q_collision": [], "overlap": []}  # per token transformers' speculative sampling read
 
-    def decode(side: str, ids: list[int], new: int, seed: int) -> tuple[int, float, tuple[int, int, int], tuple]:
+    def decode(side: str, ids: list[int], new: int, seed: int) -> tuple[int, float, tuple[int, int, int], dict]:
         """New tokens, seconds, (proposed, accepted, rounds) and CandidateLog's per-token readings of one decode."""
         if side.startswith("specexp"):
             out = generate(forward, [ids], ours if side == "specexp spec" else None, sampling, new, target.eos_token_ids,
