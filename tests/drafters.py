@@ -54,7 +54,7 @@ class ScriptedK:
     def shorten(self, proposal, ctx):
         return truncate(proposal, int(self.rng.integers(0, proposal.tokens.shape[1] + 1)))
 
-    def observe(self, proposal, n_accepted, active):
+    def observe(self, seen):
         pass
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, Proposal, RoundSeen
 from specexp.core.k_policy import HeuristicK, ModelK, expected_tokens
 from specexp.core.tree_policy import TreeK, slot_counts
 from specexp.costs import cost_model
@@ -77,6 +77,18 @@ def test_prediction_of_a_hand_made_run():
     assert s["predicted_time_split"]["target"] == pytest.approx(0.6)
 
 
+def round_seen(proposal: Proposal, accepted, active=None) -> RoundSeen:
+    """What the engine reads back of a round in which ``proposal`` had ``accepted`` [B] tokens accepted."""
+    proposed = proposal.n_proposed.numpy()
+    accepted = np.asarray(accepted)
+    active = np.ones(len(proposed), dtype=bool) if active is None else np.asarray(active)
+    group = proposal.group.numpy() if proposal.group is not None else np.zeros_like(proposed)
+    path = proposal.accepted_path.numpy() if proposal.accepted_path is not None else \
+        np.where(np.arange(proposal.tokens.shape[1]) < accepted[:, None], np.arange(proposal.tokens.shape[1]), -1)
+    return RoundSeen(n_proposed=proposed, depth=proposed, n_accepted=accepted, n_emitted=accepted + 1, active=active,
+                     group=group, path=path, n_nodes=proposal.tokens.shape[1])
+
+
 def context(batch_size: int, length: int = 100) -> Context:
     return Context(tokens=torch.zeros(batch_size, length + 16, dtype=torch.long), start=torch.zeros(batch_size, dtype=torch.long),
                    lengths=torch.full((batch_size,), length), done=torch.zeros(batch_size, dtype=torch.bool))
@@ -101,7 +113,7 @@ def test_model_k_drafts_long_when_passes_are_free_and_not_at_all_when_each_token
     proposal = Proposal(tokens=torch.zeros(1, k_max, dtype=torch.long), probs=torch.zeros(1, k_max, 4),
                         n_proposed=torch.tensor([k_max]))
     for accepted in [8] * 9 + [0]:  # position 1 accepted 9 times of 10, the rest whenever reached
-        policy.observe(proposal, torch.tensor([accepted]), torch.tensor([True]))
+        policy.observe(round_seen(proposal, [accepted]))
     assert policy.choose(context(1)) == expected_k
 
 
@@ -116,7 +128,7 @@ def test_model_k_keeps_what_pays_of_a_free_drafts_proposal_by_group():
                     n_proposed=torch.tensor([k_max]))
     for group, accepted in [(3, 4), (1, 0)] * 10:
         full.group = torch.tensor([group])
-        policy.observe(full, torch.tensor([accepted]), torch.tensor([True]))
+        policy.observe(round_seen(full, [accepted]))
     assert policy.choose(context(1)) == k_max  # a free draft proposes all it has
     full.group = torch.tensor([3])
     assert policy.shorten(full, context(1)).tokens.shape[1] == k_max
@@ -166,7 +178,7 @@ def test_model_k_does_not_ask_a_free_draft_that_cannot_pay():
     full = Proposal(tokens=torch.zeros(16, 4, dtype=torch.long), probs=torch.zeros(16, 4, 4),
                     n_proposed=torch.full((16,), 4), group=torch.arange(16) % 3)
     for _ in range(20):
-        policy.observe(full, torch.zeros(16, dtype=torch.long), torch.ones(16, dtype=torch.bool))
+        policy.observe(round_seen(full, np.zeros(16, dtype=np.int64)))
     assert policy.choose(context(16)) == 0
 
 
@@ -399,7 +411,7 @@ def test_tree_k_takes_the_budget_whose_slots_pay_for_their_pass(slot_rates, expe
         proposal = tree_proposal(k_max)
         on_path = [s for s in range(k_max) if rng.random() < slot_rates[s]]
         proposal.accepted_path = torch.tensor([on_path + [-1] * (k_max - len(on_path))])
-        policy.observe(proposal, torch.tensor([len(on_path)]), torch.tensor([True]))
+        policy.observe(round_seen(proposal, [len(on_path)]))
     np.testing.assert_allclose(policy.rates(), slot_rates, atol=0.06)
     assert policy.choose(context(1)) == expected
 

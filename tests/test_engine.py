@@ -73,7 +73,7 @@ class LateK:
     def shorten(self, proposal, ctx):
         return proposal
 
-    def observe(self, proposal, n_accepted, active):
+    def observe(self, seen):
         pass
 
 

@@ -25,6 +25,7 @@ import torch
 
 from specexp.core import engine
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
+from specexp.core.tree import chain_parents
 from specexp.core.verify import tree_verify
 from tests.conftest import build_ngram_files, tiny_model
 from tests.drafters import DRAFT_KINDS, GRID_CASE_OF_CONFIG, NOT_IN_THE_SAMPLED_GRID, make_drafter
@@ -134,6 +135,8 @@ def verify_with_broken_residual(draft_tokens, parents, draft_probs, target_probs
     norm(max(p - q, 0)). Accepted paths and bonus tokens are unchanged. A rejection is where the
     last accepted node (or the tip) has drafted children; p is the target's there."""
     path, n_accepted, next_token = tree_verify(draft_tokens, parents, draft_probs, target_probs, generator)
+    if parents is None:  # a chain
+        parents = chain_parents(*draft_tokens.shape, draft_tokens.device)
     rows = torch.arange(draft_tokens.shape[0])
     tip_then_path = torch.cat([torch.full_like(n_accepted[:, None], -1), path], dim=1)  # [B, D+1]
     last = tip_then_path.gather(1, n_accepted[:, None])[:, 0]  # the last accepted node, -1: the tip

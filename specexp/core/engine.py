@@ -10,13 +10,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from specexp.core.interface import Context, Drafter, Proposal
+from specexp.core.interface import Context, Drafter, HostView, Proposal, RoundSeen
 from specexp.core.k_policy import KPolicy
 from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
+from specexp.core.readbacks import read_back, round_started
 from specexp.core.sampling import SamplingConfig, logits_to_probs
-from specexp.core.tree import chain_parents, proposal_depth
+from specexp.core.tree import proposal_depth
 from specexp.core.verify import tree_verify
 
 
@@ -37,12 +39,13 @@ class GenerationOutput:
     group: torch.Tensor | None = None  # [R, B] long: the proposal's group (prompt lookup: its match length; else 0)
     k_chosen: list[int] = field(default_factory=list)  # [R] K asked of the draft (0: no draft that round)
     context: list[int] = field(default_factory=list)  # [R] committed tokens of the longest row (what the pass attends to)
-    draft_s: list[float] = field(default_factory=list)  # [R] seconds proposing
-    reencode_s: list[float] = field(default_factory=list)  # [R] of draft_s: re-encoding text (Proposal.reencode_s)
-    target_s: list[float] = field(default_factory=list)  # [R] seconds in the target pass + warp
-    verify_s: list[float] = field(default_factory=list)  # [R] seconds verifying, committing, rewinding
+    # [R] seconds of each round's phases (on a GPU from CUDA events, read once the decode has ended)
+    draft_s: list[float] = field(default_factory=list)  # proposing (and choosing K)
+    reencode_s: list[float] = field(default_factory=list)  # of draft_s: re-encoding text (Proposal.reencode_s)
+    target_s: list[float] = field(default_factory=list)  # the target pass + warp
+    verify_s: list[float] = field(default_factory=list)  # verifying, committing, the readback, rewinding
     prefill_s: float = 0.0  # prompt pass of the target (with the first new token) and draft reset
-    total_s: float = 0.0  # wall clock of the whole call
+    total_s: float = 0.0  # wall clock of the whole call, to one synchronisation at its end
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +112,7 @@ class Decoding:
     prompt_width: int  # P: the left-padded prompts' slots; new tokens start there
     vocab_size: int  # V of p (and of every q)
     hidden_layers: tuple[int, ...]  # the target's hidden states a feature draft reads; () none
-    logs: dict[str, list[torch.Tensor]] = field(default_factory=lambda: {name: [] for name in ROUND_STATS})
+    rounds: list[RoundSeen] = field(default_factory=list)  # what the host read back of each round
 
 
 ROUND_STATS = ("n_proposed", "depth", "n_accepted", "n_emitted", "active", "group")  # [B] per round, stacked to [R, B]
@@ -139,11 +142,18 @@ def prompt_pass(target: Callable, prompts: list[list[int]], sampling: SamplingCo
     first_probs = logits_to_probs(logits.to(device), sampling)  # [B, 1, V]
     vocab_size = target.config.get_text_config().vocab_size
     no_draft = Proposal.empty(B, vocab_size, device)
-    _, _, tip = tree_verify(no_draft.tokens, chain_parents(B, 0, device), no_draft.probs, first_probs, generator)  # [B]
+    _, _, tip = tree_verify(no_draft.tokens, None, no_draft.probs, first_probs, generator)  # [B]
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
     decoding = Decoding(ctx, kv, tip, torch.zeros(B, dtype=torch.long, device=device), eos, max_new_tokens, P, vocab_size,
                         hidden_layers)
     _, decoding.generated = _commit(ctx, tip[:, None], torch.zeros_like(tip), eos, max_new_tokens, decoding.generated)
+    first = read_back(tip=tip, done=ctx.done)  # the batch's first readback: the host learns the first token
+    tokens = np.full(tuple(buf.shape), pad_token_id, dtype=np.int64)
+    for b, prompt in enumerate(prompts):
+        tokens[b, P - len(prompt) : P] = prompt
+    tokens[:, P] = first["tip"]
+    ctx.host = HostView(tokens=tokens, start=np.array([P - len(p) for p in prompts], dtype=np.int64),
+                        lengths=np.full(B, P + 1, dtype=np.int64), done=first["done"], n_accepted=np.zeros(B, np.int64))
     return decoding
 
 
@@ -161,11 +171,35 @@ def target_pass(target: Callable, drafter: Drafter | None, state: Decoding, prop
     return state.kv.forward(target, inputs, logits_to_keep=K + 1, parents=proposal.parents), None
 
 
+def read_round(state: Decoding, proposal: Proposal, n_accepted: torch.Tensor, n_emit: torch.Tensor,
+               new: torch.Tensor, path: torch.Tensor, active: np.ndarray) -> RoundSeen:
+    """The round's one readback (core/readbacks.py): what the host needs to go on, and its statistics.
+    The host's copy of the committed tokens takes each row's new ones."""
+    ctx, host, K = state.ctx, state.ctx.host, proposal.tokens.shape[1]
+    depth = proposal_depth(proposal.tokens, proposal.probs, proposal.n_proposed, proposal.parents)  # [B]
+    group = proposal.group if proposal.group is not None else torch.zeros_like(n_accepted)
+    chain = proposal.parents is None or K == 0
+    tree = {} if chain else {"path": path}  # a chain's path follows from n_accepted
+    seen = read_back(n_proposed=proposal.n_proposed, depth=depth, n_accepted=n_accepted, n_emitted=n_emit,
+                     done=ctx.done, group=group, new=new, **tree)
+    if chain:
+        order = np.arange(K)
+        seen["path"] = np.where(order < seen["n_accepted"][:, None], order, -1)
+    for b in np.nonzero(seen["n_emitted"])[0]:
+        host.tokens[b, host.lengths[b] : host.lengths[b] + seen["n_emitted"][b]] = seen["new"][b, : seen["n_emitted"][b]]
+    host.lengths = host.lengths + seen["n_emitted"]
+    host.done, host.n_accepted = seen["done"], seen["n_accepted"]
+    return RoundSeen(n_proposed=seen["n_proposed"], depth=seen["depth"], n_accepted=seen["n_accepted"],
+                     n_emitted=seen["n_emitted"], active=active, group=seen["group"], path=seen["path"], n_nodes=K)
+
+
 def decode_round(target: Callable, drafter: Drafter | None, state: Decoding, k_round: int, sampling: SamplingConfig,
-                 generator: torch.Generator | None, k_policy: KPolicy | None, timer: Callable[[], None]) -> Proposal:
+                 generator: torch.Generator | None, k_policy: KPolicy | None, mark: Callable[[], None]) -> Proposal:
     """One round for every row still generating; returns its verified proposal (``accepted_path`` filled in)
-    and appends the round's statistics to ``state.logs``; ``timer`` marks the ends of drafting and of the target pass."""
+    and appends what the host read back of it to ``state.rounds``; ``mark`` marks the ends of drafting and of
+    the target pass. The device is read back once (step 5), unless the draft or policy asks for more."""
     ctx, B, device = state.ctx, state.tip.shape[0], state.tip.device
+    active = ~ctx.host.done
     # 1. Propose up to K tokens per row with their q (K = 0: the draft sits the round out).
     if k_round == 0:
         proposal = Proposal.empty(B, state.vocab_size, device)
@@ -174,49 +208,48 @@ def decode_round(target: Callable, drafter: Drafter | None, state: Decoding, k_r
         if k_policy is not None and not drafter.traits.shares_target_pass:  # a shared pass continues all it drafted
             proposal = k_policy.shorten(proposal, ctx)
     K = proposal.tokens.shape[1]
-    timer()
+    mark()
 
     # 2. One target pass over [tip, x_1..x_K]: p at K+1 positions.
     logits, features = target_pass(target, drafter, state, proposal, k_round > 0)
     target_probs = logits_to_probs(logits.to(device), sampling)  # a device_map target's logits are on its last device
-    timer()
+    mark()
 
     # 3. Verify: the accepted path [B, D] through the tree (a chain's: 0..n-1).
-    parents = proposal.parents if proposal.parents is not None else chain_parents(B, K, device)
-    path, n_accepted, next_token = tree_verify(proposal.tokens, parents, proposal.probs, target_probs, generator)
+    path, n_accepted, next_token = tree_verify(proposal.tokens, proposal.parents, proposal.probs, target_probs, generator)
     proposal.accepted_path = path
 
     # 4. Commit the path's tokens x_1..x_n then next_token (and the tip's and path's hidden states).
-    active = ~ctx.done
     if state.hidden_layers:
-        keep_features(ctx, features, path, active)
+        keep_features(ctx, features, path, ~ctx.done)
     new = torch.cat([proposal.tokens.gather(1, path.clamp_min(0)), next_token[:, None]], dim=1)  # [B, D+1]
     new.scatter_(1, n_accepted[:, None], next_token[:, None])
     n_emit, state.generated = _commit(ctx, new, n_accepted, state.eos, state.max_new_tokens, state.generated)
 
-    # 5. Rewind: the target keeps tip, x_1..x_n (moved into place from a tree); the draft rewinds itself.
-    state.kv.keep_path(path, n_accepted, K)
+    # 5. The one readback: accepted and committed counts, done, the new tokens.
+    seen = read_round(state, proposal, n_accepted, n_emit, new, path, active)
+    state.rounds.append(seen)
+
+    # 6. Rewind: the target keeps tip, x_1..x_n (moved into place from a tree); the draft rewinds itself.
+    chain = proposal.parents is None or K == 0
+    state.kv.keep_path(path, n_accepted, K, chain=chain, kept=int(seen.n_accepted.max(initial=0)))
     if k_round > 0:
         drafter.update(ctx, proposal, n_accepted)
     if k_policy is not None:
-        k_policy.observe(proposal, n_accepted, active)
+        k_policy.observe(seen)
     state.tip = next_token
-    group = proposal.group if proposal.group is not None else torch.zeros_like(n_accepted)
-    depth = proposal_depth(proposal.tokens, proposal.probs, proposal.n_proposed, proposal.parents)
-    for name, value in zip(ROUND_STATS, (proposal.n_proposed, depth, n_accepted, n_emit, active, group), strict=True):
-        state.logs[name].append(value)
     return proposal
 
 
 def finish(out: GenerationOutput, state: Decoding) -> GenerationOutput:
-    """Stack the per-round statistics [R, B] and cut each row's new tokens out of the buffer (on the host)."""
-    B = state.tip.shape[0]
-    for name, values in state.logs.items():
+    """Stack the per-round statistics [R, B] and cut each row's new tokens out of the host's copy (no readback)."""
+    B, host = state.tip.shape[0], state.ctx.host
+    for name in ROUND_STATS:
+        values = [getattr(seen, name) for seen in state.rounds]
         empty = torch.zeros(0, B, dtype=torch.bool if name == "active" else torch.long)
-        setattr(out, name, torch.stack(values).cpu() if values else empty)
-    out.paths = [path.cpu() for path in out.paths]
-    lengths, buf = state.ctx.lengths.tolist(), state.ctx.tokens.cpu()
-    out.tokens = [buf[b, state.prompt_width : lengths[b]].tolist() for b in range(B)]
+        setattr(out, name, torch.from_numpy(np.stack(values)) if values else empty)
+    out.paths = [torch.from_numpy(seen.path) for seen in state.rounds]
+    out.tokens = [host.tokens[b, state.prompt_width : host.lengths[b]].tolist() for b in range(B)]
     return out
 
 
@@ -226,6 +259,29 @@ def device_sync(device: torch.device) -> Callable[[], None]:
     if device.type != "cuda":
         return lambda: None
     return lambda: [torch.cuda.synchronize(i) for i in range(torch.cuda.device_count())]
+
+
+class PhaseClock:
+    """Marks a decode's phases without stalling the device: on a GPU each mark records a CUDA event,
+    all read once after the decode's last synchronisation; on a CPU each mark reads the clock."""
+
+    def __init__(self, device: torch.device, clock: Callable[[], float]):
+        self.events, self.clock = device.type == "cuda", clock
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(self.clock())
+
+    def seconds(self) -> list[float]:
+        """Seconds from each mark to the next (on a GPU: the device must have passed the last mark)."""
+        if self.events:
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
 
 
 @torch.inference_mode()
@@ -252,11 +308,12 @@ def generate(
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt must have at least one token")
-    sync = device_sync(target.device)
     k_max = 0 if drafter is None else (drafter.traits.k_max if k_max is None else k_max)
     hidden_layers = drafter.traits.hidden_layers if drafter is not None else ()
+    phases = PhaseClock(target.device, clock)
 
     start_time = clock()
+    phases.mark()
     state = prompt_pass(target, prompts, sampling, max_new_tokens, k_max, eos_token_ids, hidden_layers, generator,
                         pad_token_id)
     if drafter is not None and drafter.traits.shares_target_pass:
@@ -265,28 +322,23 @@ def generate(
         drafter.reset(state.ctx)
     if k_policy is not None:
         k_policy.begin(len(prompts), k_max, max_new_tokens)
-    sync()
-    out = GenerationOutput(tokens=[], n_proposed=None, n_accepted=None, n_emitted=None, active=None,
-                           prefill_s=clock() - start_time)
+    phases.mark()
+    out = GenerationOutput(tokens=[], n_proposed=None, n_accepted=None, n_emitted=None, active=None)
 
-    marks: list[float] = []  # a round's clock readings: its start, drafted, target pass done, its end
-
-    def mark() -> None:
-        sync()
-        marks.append(clock())
-
-    while not bool(state.ctx.done.all()):  # the round's host sync
-        marks[:] = [clock()]
-        out.context.append(int(state.ctx.lengths.max()))
+    host = state.ctx.host
+    while not host.done.all():  # the host's copy: the last round's readback told it
+        phases.mark()  # the round's start, drafted, target pass done (in decode_round), its end
+        round_started()
+        out.context.append(int(host.lengths.max()))
         k_round = k_max if k_policy is None else k_policy.choose(state.ctx)
         out.k_chosen.append(k_round)
-        proposal = decode_round(target, drafter, state, k_round, sampling, generator, k_policy, mark)
-        marks.append(clock())
-        out.paths.append(proposal.accepted_path)
-        out.draft_s.append(marks[1] - marks[0])
+        proposal = decode_round(target, drafter, state, k_round, sampling, generator, k_policy, phases.mark)
+        phases.mark()
         out.reencode_s.append(proposal.reencode_s)
-        out.target_s.append(marks[2] - marks[1])
-        out.verify_s.append(marks[3] - marks[2])
 
+    device_sync(target.device)()
     out.total_s = clock() - start_time
+    seconds = phases.seconds()
+    out.prefill_s = seconds[0]
+    out.draft_s, out.target_s, out.verify_s = (seconds[2 + i :: 4] for i in range(3))  # [1::4]: between rounds
     return finish(out, state)

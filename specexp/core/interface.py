@@ -6,11 +6,35 @@ its attributes. core/ imports nothing above it."""
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
 from specexp.core.kv import RaggedKV, StaticRaggedKV
 from specexp.core.sampling import SamplingConfig
+
+
+@dataclass
+class HostView:
+    """A batch in flight as the host knows it, without reading the device: numpy copies the engine
+    keeps from the prompts and from each round's one readback (core/readbacks.py). Drafts that
+    work on the host (prompt lookup, n-grams, the oracle) and the K policies read these."""
+
+    tokens: np.ndarray  # [B, S] int64: row b's committed ids in tokens[b, start[b]:lengths[b]]; past them stale
+    start: np.ndarray  # [B] int64
+    lengths: np.ndarray  # [B] int64
+    done: np.ndarray  # [B] bool
+    n_accepted: np.ndarray  # [B] int64: draft tokens the last round accepted (0 before the first round)
+
+    @classmethod
+    def read(cls, ctx: "Context") -> "HostView":
+        """The view of a context the engine does not keep (one made by hand): read from its tensors."""
+        return cls(tokens=ctx.tokens.cpu().numpy(), start=ctx.start.cpu().numpy(), lengths=ctx.lengths.cpu().numpy(),
+                   done=ctx.done.cpu().numpy(), n_accepted=np.zeros(ctx.tokens.shape[0], dtype=np.int64))
+
+    def committed(self, b: int, skip: int = 0) -> list[int]:
+        """Row b's committed ids after its first ``skip``."""
+        return self.tokens[b, self.start[b] + skip : self.lengths[b]].tolist()
 
 
 @dataclass
@@ -28,6 +52,29 @@ class Context:
     # [B, S, F] or None: the target's hidden states at a feature draft's `hidden_layers` (side by
     # side) for every committed slot but the tip (whose pass comes next round); None for other drafts
     features: torch.Tensor | None = None
+    host: HostView | None = None  # the engine's host copy; None for a context made by hand
+
+    def on_host(self) -> HostView:
+        """What the host knows of the batch: the engine's copy (no readback), else read from the tensors."""
+        return self.host if self.host is not None else HostView.read(self)
+
+    def accepted_on_host(self, n_accepted: torch.Tensor) -> np.ndarray:
+        """The round's accepted counts [B] on the host: the engine's readback, else read from ``n_accepted``."""
+        return self.host.n_accepted if self.host is not None else n_accepted.cpu().numpy()
+
+
+@dataclass
+class RoundSeen:
+    """One round as the host read it back ([B] numpy each): what K policies learn from and the run logs."""
+
+    n_proposed: np.ndarray  # draft tokens put to the target (a tree's nodes)
+    depth: np.ndarray  # the proposal's depth (a chain's: n_proposed)
+    n_accepted: np.ndarray  # of those, accepted by the rule
+    n_emitted: np.ndarray  # tokens committed (accepted + resampled/bonus, cut at EOS/limit)
+    active: np.ndarray  # bool: the row was still generating in the round
+    group: np.ndarray  # the proposal's group (prompt lookup: its match length; else 0)
+    path: np.ndarray  # [B, D]: the accepted nodes in order, -1 after (a chain's: 0..n_accepted-1)
+    n_nodes: int  # K of the round: the proposal's width (0: no draft)
 
 
 @dataclass
@@ -53,6 +100,10 @@ class Proposal:
     # seconds of this proposal spent re-encoding text between tokenizers (a cross-vocabulary draft;
     # 0 for the rest): a part of the round's draft time, reported apart as the pair's tokenizer tax
     reencode_s: float = 0.0
+    # [B] numpy or None: n_proposed and group as a draft that works on the host built them, so a K
+    # policy shortens the proposal without reading the device
+    n_proposed_host: np.ndarray | None = None
+    group_host: np.ndarray | None = None
 
     @classmethod
     def empty(cls, batch_size: int, vocab_size: int, device: torch.device) -> "Proposal":
@@ -107,7 +158,8 @@ class Drafter(Protocol):
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         """Learn what was accepted ([B] long) and rewind own state to the committed tip.
 
-        ``ctx`` already holds the tokens committed this round.
+        ``ctx`` already holds the tokens committed this round; a draft that needs ``n_accepted`` on
+        the host reads ``ctx.accepted_on_host(n_accepted)`` (the engine's copy: no readback).
         """
 
 

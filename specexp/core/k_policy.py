@@ -12,11 +12,13 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, Proposal, RoundSeen
 from specexp.core.metrics import position_counts
 
 
 class KPolicy(Protocol):
+    """Works on the host: it reads ``ctx.on_host()`` and what the engine read back of each round, never the device."""
+
     def begin(self, batch_size: int, k_max: int, max_new_tokens: int) -> None:
         """A new batch of prompts: per-row state starts over; what was learnt across prompts stays."""
 
@@ -26,15 +28,22 @@ class KPolicy(Protocol):
     def shorten(self, proposal: Proposal, ctx: Context) -> Proposal:
         """The part of the proposal worth verifying."""
 
-    def observe(self, proposal: Proposal, n_accepted: torch.Tensor, active: torch.Tensor) -> None:
-        """What the round's rule accepted ([B] long) of the proposal, for the rows that were active ([B] bool)."""
+    def observe(self, seen: RoundSeen) -> None:
+        """What the round's rule accepted of what was proposed, for the rows that were active."""
 
 
 def truncate(proposal: Proposal, k: int) -> Proposal:
     """The proposal's first k tokens of every row (of a tree: its first k nodes, still a tree)."""
+    host = proposal.n_proposed_host
     return Proposal(tokens=proposal.tokens[:, :k], probs=proposal.probs[:, :k],
                     n_proposed=proposal.n_proposed.clamp(max=k), group=proposal.group,
-                    parents=None if proposal.parents is None else proposal.parents[:, :k], reencode_s=proposal.reencode_s)
+                    parents=None if proposal.parents is None else proposal.parents[:, :k], reencode_s=proposal.reencode_s,
+                    n_proposed_host=None if host is None else np.minimum(host, k), group_host=proposal.group_host)
+
+
+def on_host(host: np.ndarray | None, device: torch.Tensor) -> np.ndarray:
+    """A proposal's count as the draft built it on the host, else read back from the device."""
+    return host if host is not None else device.cpu().numpy()
 
 
 def expected_tokens(run_probability: np.ndarray, limits: np.ndarray, k_max: int) -> np.ndarray:
@@ -205,7 +214,7 @@ class ModelK:
 
     def _remaining(self, ctx: Context, active: np.ndarray) -> float:
         """Tokens the batch's active rows have left to generate (EOS aside)."""
-        lengths = ctx.lengths.cpu().numpy()
+        lengths = ctx.on_host().lengths
         if self.first_lengths is None:
             self.first_lengths = lengths - 1  # the prompt pass gave each row its first token
         return float((self.max_new_tokens - (lengths - self.first_lengths))[active].sum())
@@ -232,8 +241,9 @@ class ModelK:
         if self.declining and (self.rounds + 1) % self.probe_every:  # no new evidence until the next probe round
             self.rounds += 1
             return 0
-        active = ~ctx.done.cpu().numpy()
-        seconds = self.pass_seconds(int(ctx.lengths.max()))
+        host = ctx.on_host()
+        active = ~host.done
+        seconds = self.pass_seconds(int(host.lengths.max()))
         remaining = self._remaining(ctx, active)
         if self.free:  # it proposes all it finds (shorten keeps what pays), or is not asked
             pays = self._memo(("free", active.tobytes(), seconds.tobytes(), self.fill_key(remaining)),
@@ -250,19 +260,20 @@ class ModelK:
     def shorten(self, proposal: Proposal, ctx: Context) -> Proposal:
         if not self.free:
             return proposal
-        active = ~ctx.done.cpu().numpy()
-        seconds = self.pass_seconds(int(ctx.lengths.max())) + self.draft_seconds[-1]  # the draft's cost is spent
+        host = ctx.on_host()
+        active = ~host.done
+        seconds = self.pass_seconds(int(host.lengths.max())) + self.draft_seconds[-1]  # the draft's cost is spent
         remaining = 0.0 if self.drafted else self._remaining(ctx, active)  # only the fill's share needs it
-        k = self._best(active, proposal.group.cpu().numpy()[active], proposal.n_proposed.cpu().numpy()[active], seconds,
-                       remaining)
+        group, proposed = on_host(proposal.group_host, proposal.group), on_host(proposal.n_proposed_host,
+                                                                                proposal.n_proposed)
+        k = self._best(active, group[active], proposed[active], seconds, remaining)
         return truncate(proposal, k)
 
-    def observe(self, proposal: Proposal, n_accepted: torch.Tensor, active: torch.Tensor) -> None:
-        if proposal.tokens.shape[1] == 0:
+    def observe(self, seen: RoundSeen) -> None:
+        if seen.n_nodes == 0:
             return  # nothing proposed, nothing learnt
-        rows = active.cpu().numpy()
-        proposed, accepted = proposal.n_proposed.cpu().numpy(), n_accepted.cpu().numpy()
-        group = proposal.group.cpu().numpy() if self.free else np.zeros_like(proposed)
+        rows, proposed, accepted = seen.active, seen.n_proposed, seen.n_accepted
+        group = seen.group if self.free else np.zeros_like(proposed)
         reached, took = position_counts(proposed, accepted, rows, self.k_max)  # [B, k_max] each
         batch = np.arange(len(rows))
         self.row_reached[batch, group] += reached  # one group per row: the pairs are distinct
@@ -295,6 +306,6 @@ class HeuristicK:
     def shorten(self, proposal: Proposal, ctx: Context) -> Proposal:
         return proposal
 
-    def observe(self, proposal: Proposal, n_accepted: torch.Tensor, active: torch.Tensor) -> None:
-        all_taken = bool(((n_accepted == proposal.n_proposed) | ~active).all()) and proposal.tokens.shape[1] > 0
+    def observe(self, seen: RoundSeen) -> None:
+        all_taken = bool(((seen.n_accepted == seen.n_proposed) | ~seen.active).all()) and seen.n_nodes > 0
         self.k = min(self.k + 2, self.k_max) if all_taken else max(self.k - 1, 1)

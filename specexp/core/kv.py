@@ -84,12 +84,6 @@ def block_mask(slot_valid: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     return region_mask(slot_valid, tree_mask(parents))
 
 
-def in_place(path: torch.Tensor) -> bool:
-    """Whether the accepted path [B, D] already sits right after the tip in every row (a chain's)."""
-    order = torch.arange(path.shape[1], device=path.device)
-    return bool(((path < 0) | (path == order)).all())
-
-
 def path_sources(path: torch.Tensor, start: int) -> torch.Tensor:
     """Slots to copy into start+1..start+D from [B, D]: the accepted nodes' (slot start+1+node), a
     slot's own where the path has ended (-1)."""
@@ -189,9 +183,10 @@ class RaggedKV(RaggedPasses):
         """Append one layer's K/V [B, H_kv, T, hd]; returns all of that layer's [B, H_kv, S+T, hd]."""
         return self.cache.update(keys, values, layer_idx)
 
-    def drop_last(self, n_drop: torch.Tensor) -> None:
-        """Invalidate the last ``n_drop[b]`` valid tokens of each row b ([B] long)."""
-        self.mask, length = kept_length(self.mask, n_drop)
+    def drop_last(self, n_drop: torch.Tensor, length: int | None = None) -> None:
+        """Invalidate the last ``n_drop[b]`` valid tokens of each row b ([B] long); ``length``: the
+        leading slots some row still uses after it, where the caller knows (else read back)."""
+        self.mask, length = kept_length(self.mask, n_drop, length)
         self.n_valid = self.n_valid - n_drop
         # Physically drop the tail that no row uses any more.
         trailing = self.mask.shape[1] - length
@@ -199,26 +194,32 @@ class RaggedKV(RaggedPasses):
             self.cache.crop(-trailing)
             self.mask = self.mask[:, :length]
 
-    def keep_path(self, path: torch.Tensor, n_accepted: torch.Tensor, n_nodes: int) -> None:
+    def keep_path(self, path: torch.Tensor, n_accepted: torch.Tensor, n_nodes: int, chain: bool = False,
+                  kept: int | None = None) -> None:
         """After a pass over the tip and ``n_nodes`` draft tokens (a tree's, or a chain's): the
         accepted nodes' entries ([B, D] node indices, -1 past n_accepted) move to the slots after
-        the tip, in order (a chain's are there already); every other node is dropped."""
+        the tip, in order (a ``chain``'s are there already); every other node is dropped. ``kept``:
+        the most any row accepted, where the host knows it (else read back)."""
         start = self.mask.shape[1] - n_nodes - 1  # the tip's slot
-        if not in_place(path):  # a chain's path is where it belongs
+        path = path[:, :n_nodes]  # a path holds at most n_nodes of them
+        if not chain and n_nodes:
             source = path_sources(path, start)  # [B, D]
             for layer in self.cache.layers:
                 for name in ("keys", "values"):
                     held = getattr(layer, name)  # [B, H, S, hd]
                     index = source[:, None, :, None].expand(-1, held.shape[1], -1, held.shape[3])
                     held[:, :, start + 1 : start + 1 + path.shape[1]] = held.gather(2, index)
-        self.drop_last(n_nodes - n_accepted)
+        self.drop_last(n_nodes - n_accepted, None if kept is None else start + 1 + kept)
 
 
-def kept_length(mask: torch.Tensor, n_drop: torch.Tensor) -> tuple[torch.Tensor, int]:
+def kept_length(mask: torch.Tensor, n_drop: torch.Tensor, length: int | None = None) -> tuple[torch.Tensor, int]:
     """Invalidate the last ``n_drop[b]`` valid slots of each row of ``mask`` [B, L]; returns the
-    new mask and how many leading slots some row still uses (one host sync)."""
+    new mask and how many leading slots some row still uses: ``length`` where the caller knows it,
+    else read back (one host sync)."""
     after = mask.flip(1).cumsum(1).flip(1)  # [B, L]: valid slots at or after each slot
     mask = mask * (after > n_drop[:, None])
+    if length is not None:
+        return mask, length
     L = mask.shape[1]
     slot_number = torch.arange(1, L + 1, device=mask.device)  # [L]
     return mask, int((mask.any(0) * slot_number).max()) if L else 0
@@ -304,27 +305,31 @@ class StaticRaggedKV(RaggedPasses):
         return model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions, cache=self,
                      logits_to_keep=logits_to_keep, hidden_layers=hidden_layers, **extra)
 
-    def drop_last(self, n_drop: torch.Tensor) -> None:
-        """Invalidate the last ``n_drop[b]`` valid tokens of each row b ([B] long)."""
-        mask, length = kept_length(self.mask, n_drop)
+    def drop_last(self, n_drop: torch.Tensor, length: int | None = None) -> None:
+        """Invalidate the last ``n_drop[b]`` valid tokens of each row b ([B] long); ``length``: the
+        leading slots some row still uses after it, where the caller knows (else read back)."""
+        mask, length = kept_length(self.mask, n_drop, length)
         self.valid[:, : self.length] = mask
         self.n_valid = self.n_valid - n_drop
         self.length = length
         self.layer_length = [min(n, length) for n in self.layer_length]
 
-    def keep_path(self, path: torch.Tensor, n_accepted: torch.Tensor, n_nodes: int) -> None:
+    def keep_path(self, path: torch.Tensor, n_accepted: torch.Tensor, n_nodes: int, chain: bool = False,
+                  kept: int | None = None) -> None:
         """After a pass over the tip and ``n_nodes`` draft tokens (a tree's, or a chain's): the
         accepted nodes' entries ([B, D] node indices, -1 past n_accepted) move to the slots after
-        the tip, in order (one gather and one write for all layers); every other node is dropped."""
+        the tip, in order (one gather and one write for all layers; a ``chain``'s are there already);
+        every other node is dropped. ``kept``: the most any row accepted, where the host knows it."""
         start = self.length - n_nodes - 1  # the tip's slot
-        if not in_place(path):  # a chain's path is where it belongs
+        path = path[:, :n_nodes]  # a path holds at most n_nodes of them
+        if not chain and n_nodes:
             source = path_sources(path, start)  # [B, D]
             N, B, H, _, hd = self.keys.shape
             index = source[None, :, None, :, None].expand(N, B, H, -1, hd)
-            kept = slice(start + 1, start + 1 + path.shape[1])
-            self.keys[:, :, :, kept] = self.keys.gather(3, index)
-            self.values[:, :, :, kept] = self.values.gather(3, index)
-        self.drop_last(n_nodes - n_accepted)
+            moved = slice(start + 1, start + 1 + path.shape[1])
+            self.keys[:, :, :, moved] = self.keys.gather(3, index)
+            self.values[:, :, :, moved] = self.values.gather(3, index)
+        self.drop_last(n_nodes - n_accepted, None if kept is None else start + 1 + kept)
 
 
 def new_ragged_kv(model, batch_size: int, device: torch.device, capacity: int) -> "RaggedKV | StaticRaggedKV":

@@ -14,9 +14,8 @@ nodes, both from the hardware profile.
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
-from specexp.core.interface import Context, Proposal
+from specexp.core.interface import Context, Proposal, RoundSeen
 from specexp.core.k_policy import prior_curve
 
 
@@ -59,7 +58,7 @@ class TreeK:
         return (1.0 + np.r_[0.0, np.cumsum(rates)]) / seconds
 
     def choose(self, ctx: Context) -> int:
-        seconds = self.pass_seconds(int(ctx.lengths.max())) + self.draft_seconds  # [k_max+1]
+        seconds = self.pass_seconds(int(ctx.on_host().lengths.max())) + self.draft_seconds  # [k_max+1]
         self.rounds += 1
         if self.rounds - self.memo_round >= self.probe_every:
             self.memo, self.memo_round = {}, self.rounds
@@ -76,10 +75,9 @@ class TreeK:
     def shorten(self, proposal: Proposal, ctx: Context) -> Proposal:
         return proposal  # the draft grew the budget it was given
 
-    def observe(self, proposal: Proposal, n_accepted: torch.Tensor, active: torch.Tensor) -> None:
-        if proposal.tokens.shape[1] == 0 or proposal.accepted_path is None:
+    def observe(self, seen: RoundSeen) -> None:
+        if seen.n_nodes == 0:
             return
-        reached, accepted = slot_counts(proposal.n_proposed.cpu().numpy(), proposal.accepted_path.cpu().numpy(),
-                                        active.cpu().numpy(), self.k_max)
+        reached, accepted = slot_counts(seen.n_proposed, seen.path, seen.active, self.k_max)
         self.reached += reached
         self.accepted += accepted

@@ -63,7 +63,7 @@ def speculative_verify(
 
 def tree_verify(
     tree_tokens: torch.Tensor,  # [B, N] long
-    parents: torch.Tensor,  # [B, N] long: -1 for a child of the root (the committed tip), else an index < i
+    parents: torch.Tensor | None,  # [B, N] long: -1 for a child of the root (the committed tip), else an index < i; None: a chain
     draft_probs: torch.Tensor,  # [B, N, V]: node i's q, given its earlier siblings
     target_probs: torch.Tensor,  # [B, N+1, V]: index 0 is p at the root, index i+1 is p after node i
     generator: torch.Generator | None = None,
@@ -77,18 +77,20 @@ def tree_verify(
     is accepted, or the node has none, the next token is drawn from r. Siblings drawn i.i.d. from
     the parent's q pass that q for each; drawn without replacement, q with the earlier siblings
     removed and renormalised; deterministic, one-hot. An all-zero q row is a padding node, never
-    accepted, whose rejection leaves r as it was. A chain (parents[i] = i - 1) is
+    accepted, whose rejection leaves r as it was. A chain (``parents`` None: parents[i] = i - 1) is
     `speculative_verify`, to the bit for the same generator.
     """
     B, N = tree_tokens.shape
     device = tree_tokens.device
     rows = torch.arange(B, device=device)
+    order = torch.arange(N, device=device)
     u = torch.rand(B, N, generator=generator, device=device)  # [B, N]: one draw per node, as for a chain
     # p at each node's parent, at its token; q of each node at its token [B, N]
-    p_x = target_probs[rows[:, None], parents + 1, tree_tokens]
+    chain = parents is None or N == 0
+    p_x = target_probs[:, :N].gather(-1, tree_tokens[..., None]).squeeze(-1) if chain else \
+        target_probs[rows[:, None], parents + 1, tree_tokens]
     q_x = draft_probs.gather(-1, tree_tokens[..., None]).squeeze(-1)
-    order = torch.arange(N, device=device)
-    if bool((parents == order - 1).all()):  # every row a chain: the walk is the accepted prefix
+    if chain:  # the walk is the accepted prefix
         # u < p/q, written without division; p >= q always passes since u < 1.
         n_accepted = ((q_x > 0) & (u * q_x < p_x)).long().cumprod(-1).sum(-1)  # [B]
         path = torch.where(order < n_accepted[:, None], order, -1)

@@ -12,6 +12,7 @@ come back next round as pairs with the target's true features, as in EAGLE.
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specexp.core.interface import Context, DraftTraits, Proposal
@@ -42,6 +43,8 @@ class EagleDrafter:
         self.forward = head.decoder()
         self.kv: StaticRaggedKV | None = None
         self.filled = False
+        self.cached: np.ndarray | None = None  # [B]: committed pairs the cache holds per row, as the host knows
+        self.fed_end = 0  # the cache's slots after the last propose fed the committed pairs
         self.n_drafted = 0  # entries the last propose drafted (update drops them)
 
     def reset(self, ctx: Context) -> None:
@@ -59,30 +62,33 @@ class EagleDrafter:
 
     def _feed_committed(self, ctx: Context) -> torch.Tensor:
         """Append every committed pair the cache lacks; returns each row's last output h [B, H] (its
-        next token's features)."""
+        next token's features). How many each row lacks the host knows: no readback."""
+        host = ctx.on_host()
         B, device = ctx.tokens.shape[0], ctx.tokens.device
-        pairs = ctx.lengths - 1 - ctx.start  # [B]: (features at s, token at s+1) for s in start..lengths-2
+        pairs = host.lengths - 1 - host.start  # [B]: (features at s, token at s+1) for s in start..lengths-2
         if not self.filled:  # the first proposal of a batch: every row's pairs, left-padded to one start
             self.kv = StaticRaggedKV.for_model(self.forward, B, ctx.tokens.shape[1], device)
             self.filled = True
-            first = int(ctx.start.min())
-            T = int(ctx.lengths.max()) - 1 - first
+            first = int(host.start.min())
+            T = int(host.lengths.max()) - 1 - first
             slots = first + torch.arange(T, device=device)[None].expand(B, -1)  # [B, T]
             mask = (slots >= ctx.start[:, None]) & (slots < ctx.lengths[:, None] - 1)
             last = (ctx.lengths - 2 - first).clamp(0, max(T - 1, 0))  # [B]: each row's last pair
         else:
-            T = int((pairs - self.kv.n_valid).max())
-            # Rows with fewer pending pairs give back their newest cached ones (all of them when they
-            # hold fewer than T pairs: a short prompt), so every row feeds the T slots before its tip.
-            self.kv.drop_last(self.kv.n_valid - (pairs - T).clamp_min(0))
+            # Every row feeds the T slots before its tip; a row with fewer pending pairs has its older ones masked.
+            T = int((pairs - self.cached).max())
             slots = ctx.lengths[:, None] - 1 - T + torch.arange(T, device=device)  # [B, T]
-            mask, last = slots >= ctx.start[:, None], torch.full_like(pairs, T - 1)
+            pending = (ctx.lengths - 1 - ctx.start) - self.kv.n_valid  # [B], on the device as the host has it
+            mask, last = torch.arange(T, device=device) >= T - pending[:, None], torch.full_like(ctx.lengths, T - 1)
+        self.cached = pairs
         if T == 0:  # one-token prompts: no features yet; any draft is exact, this one is the zero state's
+            self.fed_end = self.kv.mask.shape[1]
             return torch.zeros(B, self.head.config.hidden_size, dtype=self.head.dtype, device=device)
         slots = slots.clamp_min(0)
         features = ctx.features.gather(1, slots[..., None].expand(-1, -1, ctx.features.shape[-1]))  # [B, T, F]
         x = self.head.inputs(ctx.tokens.gather(1, slots + 1), features)
         h = self._run(x, self.kv.extend(mask.long()))  # [B, T, H]
+        self.fed_end = self.kv.mask.shape[1]
         return h.gather(1, last[:, None, None].expand(-1, 1, h.shape[-1]))[:, 0]
 
     def _step(self, tokens: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -133,7 +139,7 @@ class EagleDrafter:
     @torch.inference_mode()  # the cache is made (an inference tensor) at the first proposal
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         # Drafted entries read the head's own features: the accepted tokens return next round with the target's.
-        self.kv.drop_last(torch.full_like(n_accepted, self.n_drafted))
+        self.kv.drop_last(torch.full_like(n_accepted, self.n_drafted), length=self.fed_end)
         self.n_drafted = 0
 
 

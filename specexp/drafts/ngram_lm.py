@@ -46,27 +46,31 @@ class NgramLMDrafter:
 
     def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         device, n = ctx.tokens.device, self.lm.order - 1
-        tokens, start, lengths = ctx.tokens.cpu(), ctx.start.tolist(), ctx.lengths.tolist()
-        contexts = [tokens[b, max(start[b], lengths[b] - n) : lengths[b]].tolist() for b in range(len(start))]
+        host = ctx.on_host()  # the LM runs on the host: its contexts come from the host's copy
+        contexts = [host.tokens[b, max(host.start[b], host.lengths[b] - n) : host.lengths[b]].tolist()
+                    for b in range(len(host.start))]
         if self.branches > 1:
             return self._propose_tree(contexts, k, sampling, generator, device)
         drafted, probs = [], []
-        confident = ~ctx.done  # [B]: rows still drafting
-        n_proposed = torch.zeros_like(ctx.lengths)
+        confident = ~host.done  # [B]: rows still drafting, on the host (the LM's distributions are host arrays)
+        n_proposed = np.zeros(len(contexts), dtype=np.int64)
         for _ in range(k):
-            q_raw = torch.from_numpy(np.stack([self.lm.distribution(c) for c in contexts])).float().to(device)  # [B, V]
-            confident = confident & (q_raw.max(-1).values >= self.min_confidence)
-            if not bool(confident.any()):
+            q_host = np.stack([self.lm.distribution(c) for c in contexts])  # [B, V]
+            confident = confident & (q_host.max(-1) >= self.min_confidence)
+            if not confident.any():
                 break
-            q = warp_distribution(q_raw, sampling) * confident[:, None]  # zero q = not proposed
-            x = sample(q.clamp_min(0) + (~confident)[:, None], generator)  # [B]; any token for stopped rows
+            stopped = torch.from_numpy(~confident).to(device)
+            q = warp_distribution(torch.from_numpy(q_host).float().to(device), sampling) * ~stopped[:, None]  # zero: not proposed
+            x = sample(q.clamp_min(0) + stopped[:, None], generator)  # [B]; any token for stopped rows
             drafted.append(x)
             probs.append(q)
-            n_proposed = n_proposed + confident.long()
+            n_proposed += confident
+            # the one readback per drafted token: the next context is on the host
             contexts = [(c + [t])[-n:] if n else [] for c, t in zip(contexts, x.tolist(), strict=True)]
         if not drafted:
             return Proposal.empty(len(contexts), self.lm.vocab_size, device)
-        return Proposal(tokens=torch.stack(drafted, 1), probs=torch.stack(probs, 1), n_proposed=n_proposed)
+        return Proposal(tokens=torch.stack(drafted, 1), probs=torch.stack(probs, 1),
+                        n_proposed=torch.from_numpy(n_proposed).to(device), n_proposed_host=n_proposed)
 
     def _distributions(self, contexts: list[list[int]], sampling: SamplingConfig,
                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

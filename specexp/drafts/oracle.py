@@ -12,12 +12,13 @@ Exact like every draft: the rule decides, the oracle only proposes.
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specexp.core.interface import Context, DraftTraits, Proposal
 from specexp.core.sampling import SamplingConfig
-from specexp.drafts.parts.base import check_k, one_hot_proposal
+from specexp.drafts.parts.base import check_k
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
@@ -52,10 +53,13 @@ class OracleDrafter:
         # acceptance is only set by hand when the rule is greedy's; the study decodes the reference first
         self.traits = DraftTraits(k_max=k, models=self.cost.traits.models if self.cost else (), greedy_only=True,
                                   needs_reference=True)
-        self.generator = torch.Generator().manual_seed(seed)
+        device = target.model.device
+        self.generator = torch.Generator(device).manual_seed(seed)  # which tokens it spoils, drawn on the device
         self.reference: dict[tuple, list[int]] = {}
-        self.rows: list[list[int]] = []
-        self.prompt_lengths: list[int] = []
+        self.rows: torch.Tensor | None = None  # [B, M]: each row's continuation, padded
+        self.row_lengths: torch.Tensor | None = None  # [B]: its length
+        self.first_new: torch.Tensor | None = None  # [B]: the slot of each row's first new token
+        self.alpha_rows: dict[int, torch.Tensor] = {}  # K -> alpha per position [K], on the device
 
     def set_reference(self, prompts: list[list[int]], continuations: list[list[int]]) -> None:
         self.reference = {tuple(p): c for p, c in zip(prompts, continuations, strict=True)}
@@ -64,36 +68,47 @@ class OracleDrafter:
         return self.alphas[min(position, len(self.alphas) - 1)]
 
     def reset(self, ctx: Context) -> None:
-        tokens, start, lengths = ctx.tokens.cpu(), ctx.start.tolist(), ctx.lengths.tolist()
-        self.rows, self.prompt_lengths = [], []
-        for b in range(len(start)):
-            prompt = tuple(tokens[b, start[b] : lengths[b] - 1].tolist())  # the first new token is committed
+        host, device = ctx.on_host(), ctx.tokens.device
+        rows = []
+        for b in range(len(host.start)):
+            prompt = tuple(host.committed(b)[:-1])  # the first new token is committed
             if prompt not in self.reference:
                 raise UserInputError("draft=oracle was given no greedy continuation for a prompt; it runs inside a "
                                      "study (python -m specexp draft=oracle), which decodes them first")
-            self.rows.append(self.reference[prompt])
-            self.prompt_lengths.append(lengths[b] - 1 - start[b])
+            rows.append(self.reference[prompt])
+        width = max(max(map(len, rows)), 1)
+        padded = np.zeros((len(rows), width), dtype=np.int64)
+        for b, row in enumerate(rows):
+            padded[b, : len(row)] = row
+        self.rows = torch.from_numpy(padded).to(device)
+        self.row_lengths = torch.tensor([len(row) for row in rows], device=device)
+        self.first_new = torch.from_numpy(host.lengths - 1).to(device)
         if self.cost is not None:
             self.cost.reset(ctx)
 
     def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
+        """Each row's next k reference tokens, position i kept with probability alpha_i and else shifted
+        to another id: all on the device, no host work per token."""
         if not sampling.greedy:
             raise UserInputError("draft=oracle needs greedy decoding (sampling=greedy): its acceptance is set by hand "
                                  "only when the rule accepts exactly the target's argmax")
         if self.cost is not None:  # the draft's real work, its tokens discarded
             self.cost.propose(ctx, k, sampling, None)
-        done, start, lengths = ctx.done.tolist(), ctx.start.tolist(), ctx.lengths.tolist()
-        found = []
-        for b, continuation in enumerate(self.rows):
-            generated = lengths[b] - start[b] - self.prompt_lengths[b]
-            right = [] if done[b] else continuation[generated : generated + k]
-            wrong = torch.rand(len(right), generator=self.generator).tolist()
-            shift = torch.randint(1, self.vocab_size, (len(right),), generator=self.generator).tolist()
-            found.append([t if u < self.alpha_at(i) else (t + s) % self.vocab_size
-                          for i, (t, u, s) in enumerate(zip(right, wrong, shift, strict=True))])
-        return one_hot_proposal(found, self.vocab_size, ctx.tokens.device)
+        B, device = ctx.tokens.shape[0], ctx.tokens.device
+        generated = ctx.lengths - self.first_new  # [B]
+        at = generated[:, None] + torch.arange(k, device=device)  # [B, k]
+        right = self.rows.gather(1, at.clamp_max(self.rows.shape[1] - 1))
+        n_proposed = torch.where(ctx.done, 0, (self.row_lengths - generated).clamp(0, k))  # [B]
+        alphas = self.alpha_rows.get(k)
+        if alphas is None:  # made once per K: a copy to the device each round would be host work
+            alphas = self.alpha_rows[k] = torch.tensor([self.alpha_at(i) for i in range(k)], device=device)
+        kept = torch.rand(B, k, generator=self.generator, device=device) < alphas
+        shift = torch.randint(1, self.vocab_size, (B, k), generator=self.generator, device=device)
+        tokens = torch.where(kept, right, (right + shift) % self.vocab_size)  # [B, k]
+        valid = torch.arange(k, device=device) < n_proposed[:, None]
+        probs = torch.zeros(B, k, self.vocab_size, device=device).scatter_(2, tokens[..., None], valid[..., None].float())
+        return Proposal(tokens=tokens, probs=probs, n_proposed=n_proposed)
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:
         if self.cost is not None:
             self.cost.update(ctx, proposal, n_accepted)
-

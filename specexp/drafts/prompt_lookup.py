@@ -17,6 +17,7 @@ followed in full and the rest branch off it while nodes are left.
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from specexp.core.interface import Context, DraftTraits, Proposal
@@ -68,7 +69,7 @@ class PromptLookupDrafter:
         self.update(ctx, None, None)
 
     def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
-        done = ctx.done.tolist()
+        done = ctx.on_host().done  # matching runs on the host's copy of the tokens: no readback
         if self.branches == 1:
             matches = [(0, []) if done[b] else index.lookup(k, self.choice) for b, index in enumerate(self.indexes)]
             found = [cap_continuation(continuation, n, self.caps, k) for n, continuation in matches]
@@ -82,7 +83,8 @@ class PromptLookupDrafter:
             trees = [trie([cap_continuation(c, n, self.caps, k) for n, c in row], k) for row in rows]
             proposal = one_hot_tree_proposal(trees, self.vocab_size, ctx.tokens.device)
             longest = [row[0][0] if row else 0 for row in rows]
-        proposal.group = torch.tensor(longest, dtype=torch.long, device=ctx.tokens.device)
+        proposal.group_host = np.array(longest, dtype=np.int64)
+        proposal.group = torch.from_numpy(proposal.group_host).to(ctx.tokens.device)
         return proposal
 
     def update(self, ctx: Context, proposal: Proposal | None, n_accepted: torch.Tensor | None) -> None:

@@ -64,7 +64,7 @@ class RetrievalDrafter:
         return tokens, probs
 
     def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
-        device, done = ctx.tokens.device, ctx.done.tolist()
+        device, done = ctx.tokens.device, ctx.on_host().done
         all_tokens, all_probs = [], []
         for b, index in enumerate(self.indexes):
             tokens, probs = [], []

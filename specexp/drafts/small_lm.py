@@ -4,6 +4,7 @@ tokenizer drafts through drafts/cross_vocab.py (`small_lm_draft` picks)."""
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specexp.core.interface import Context, DraftTraits, Proposal
@@ -108,7 +109,9 @@ class SmallLMDrafter:
         self.draft_vocab: DraftVocab | None = model.draft_vocab
         self.kv: RaggedKV | StaticRaggedKV | None = None
         self.filled = False  # the cache holds the batch's committed tokens (filled at its first proposal)
+        self.cached: np.ndarray | None = None  # [B]: tokens the cache holds per row, as the host knows (None: ask it)
         self.n_fed = 0  # drafted tokens the last propose put into the cache (update rewinds them)
+        self.fed_end = 0  # the cache's slots after the last propose fed the committed tokens
         self.node_slots: torch.Tensor | None = None  # [B, N]: a tree node's slot after the tip in the cache, or -1
 
     def reset(self, ctx: Context) -> None:
@@ -121,12 +124,14 @@ class SmallLMDrafter:
     def _fill(self, ctx: Context) -> None:
         """One pass over every row's committed tokens but its tip. Rows are left-padded to a common
         start; a finished row shorter than the longest is padded on the right (it drafts no more)."""
+        host = ctx.on_host()
         self.kv = new_ragged_kv(self.forward_model, ctx.tokens.shape[0], ctx.tokens.device, capacity=ctx.tokens.shape[1])
-        L = int(ctx.lengths.max()) - 1
+        L = int(host.lengths.max()) - 1
         if L > 0:
             slots = torch.arange(L, device=ctx.tokens.device)[None, :]  # [1, L]
             mask = (slots >= ctx.start[:, None]) & (slots < ctx.lengths[:, None] - 1)  # [B, L]
             self.kv.forward(self.forward_model, self._draft_ids(ctx.tokens[:, :L]), mask.long())
+        self.cached = host.lengths - 1 - host.start
         self.filled = True
 
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -146,17 +151,20 @@ class SmallLMDrafter:
         return x, q, top_probability(proposable) >= self.min_confidence
 
     def _feed_pending(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every row's last T committed slots, T the most uncached tokens of any row (one host
-        sync): rows with fewer pending first give back their newest cached tokens, all of them when
-        they hold fewer than T (a finished row beside rows that piled up tokens in rounds without
-        the draft), and slots before a row's start are padding. Returns them [B, T] and the mask."""
+        """Every row's last T committed slots, T the most uncached tokens of any row (the host knows
+        how many each row holds): a row with fewer pending has its older slots masked out, and slots
+        before a row's start are padding. Returns them [B, T] and the mask."""
         if not self.filled:
             self._fill(ctx)
-        committed = ctx.lengths - ctx.start  # [B]
-        T = int((committed - self.kv.n_valid).max())
-        self.kv.drop_last(self.kv.n_valid - (committed - T).clamp_min(0))
-        slots = ctx.lengths[:, None] - T + torch.arange(T, device=ctx.tokens.device)  # [B, T]
-        return ctx.tokens.gather(1, slots.clamp_min(0)), (slots >= ctx.start[:, None]).long()
+        if self.cached is None:  # after a tree round the host does not know how many nodes each row kept
+            self.cached = self.kv.n_valid.cpu().numpy()
+        host, device = ctx.on_host(), ctx.tokens.device
+        committed = host.lengths - host.start  # [B]
+        T = int((committed - self.cached).max())
+        slots = ctx.lengths[:, None] - T + torch.arange(T, device=device)  # [B, T]
+        pending = (ctx.lengths - ctx.start) - self.kv.n_valid  # [B], on the device as the host has it
+        self.cached = committed
+        return ctx.tokens.gather(1, slots.clamp_min(0)), (torch.arange(T, device=device) >= T - pending[:, None]).long()
 
     @torch.inference_mode()
     def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
@@ -168,9 +176,10 @@ class SmallLMDrafter:
         n_proposed = torch.zeros_like(ctx.lengths)
         self.n_fed = 0
         x, q, confident = self._step(feed, sampling, generator, feed_mask)
+        self.fed_end = self.kv.mask.shape[1]
         for i in range(k):
             drafting = drafting & confident
-            if self.min_confidence > 0.0 and not bool(drafting.any()):  # a host sync only when rows can stop
+            if self.min_confidence > 0.0 and not bool(drafting.any()):  # a readback per step only when rows can stop
                 break
             tokens.append(x)
             probs.append(q if self.min_confidence == 0.0 else q * drafting[:, None])  # zero q = not proposed
@@ -229,6 +238,7 @@ class SmallLMDrafter:
 
         tree = grow_tree(root.float().softmax(-1), logits_to_probs(root, sampling), expand, self.branches, k,
                          self.depth, sampling, generator)
+        self.cached = None  # how many expanded nodes each row keeps, only the device knows
         self.node_slots, self.n_fed = region.slots[:, : tree.tokens.shape[1]], region.n_fed
         n_proposed = torch.full((B,), tree.tokens.shape[1], dtype=torch.long, device=device)
         return Proposal(tokens=tree.tokens, probs=tree.probs, n_proposed=n_proposed, parents=tree.parents)
@@ -241,7 +251,9 @@ class SmallLMDrafter:
             self.kv.keep_path(slots, (slots >= 0).sum(1), self.n_fed)  # expanded nodes are a prefix of the path
             return
         # The cache took x_1..x_fed; keep the accepted ones, the rest of the round is fed next time.
-        self.kv.drop_last(self.n_fed - n_accepted.clamp(max=self.n_fed))
+        kept = np.minimum(ctx.accepted_on_host(n_accepted), self.n_fed)  # [B]
+        self.kv.drop_last(self.n_fed - n_accepted.clamp(max=self.n_fed), length=self.fed_end + int(kept.max()))
+        self.cached = self.cached + kept
 
 
 def small_lm_draft(target: LoadedModel, model: str | LoadedModel, k: int = 4, dtype: str = "auto",
