@@ -28,7 +28,7 @@ from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specexp.core.engine import generate
+from specexp.core.engine import device_sync, generate
 from specexp.core.kv import new_ragged_kv
 from specexp.core.metrics import position_counts
 from specexp.core.sampling import SamplingConfig, logits_to_probs
@@ -163,11 +163,6 @@ def profile_path(key: dict) -> Path:
     return cache_root() / "profiles" / f"{short_hash(key)}.json"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def nondecreasing(values: list[float]) -> list[float]:
     """The closest non-decreasing sequence (least squares, pool-adjacent-violators): a pass over
     more tokens never costs less, so a dip between medians is noise, not a shape to plan for."""
@@ -186,6 +181,7 @@ def measure_target(forward, batch_size: int, max_tokens: int, context_lengths: l
     """T(n, L) [L][n-1] (medians over ``repeats`` turns of n = 1..max_tokens, after one that warms
     up; made non-decreasing in n) and the prompt pass at each L (a third as many times)."""
     device = forward.device
+    sync = device_sync(device)  # each pass is timed alone, to its end on the device
     vocab_size = forward.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
     target_s, prefill_s = [], []
@@ -196,10 +192,10 @@ def measure_target(forward, batch_size: int, max_tokens: int, context_lengths: l
         prompt_times = []
         turns = max(2, repeats // 3) + 1
         for turn in range(turns):
-            _sync(device)
+            sync()
             start = time.perf_counter()
             logits_to_probs(kv.forward(forward, ids[:, :length], mask, logits_to_keep=1), sampling)
-            _sync(device)
+            sync()
             prompt_times.append(time.perf_counter() - start)
             if turn < turns - 1:  # the last one stays: the context every pass below attends to
                 kv.drop_last(torch.full((batch_size,), length, device=device))
@@ -208,7 +204,7 @@ def measure_target(forward, batch_size: int, max_tokens: int, context_lengths: l
             for n in range(1, max_tokens + 1):
                 start = time.perf_counter()
                 logits_to_probs(kv.forward(forward, ids[:, length : length + n], logits_to_keep=n), sampling)
-                _sync(device)
+                sync()
                 if repeat:
                     times[n].append(time.perf_counter() - start)
                 kv.drop_last(torch.full((batch_size,), n, device=device))
