@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
+from specexp.core.sampling import SamplingConfig, draw
 from specexp.errors import UserInputError
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
@@ -101,8 +101,8 @@ class DraftVocab:
         logits that are -inf elsewhere (with ascending kept ids, as `frequent_tokens` gives, even
         the inverse-CDF draw picks the same token for the same u), without passes over all V.
         """
-        q = logits_to_probs(logits[..., : self.size], cfg)  # [B, N]
-        return self.to_target(sample(q, generator)), self.to_target_probs(q)
+        token, q = draw(logits[..., : self.size], cfg, generator)  # [B], [B, N]
+        return self.to_target(token), self.to_target_probs(q)
 
     def coarsen_log_probs(self, log_p: torch.Tensor) -> torch.Tensor:
         """Target log-probabilities [..., V] -> [..., N+1]: the kept ids, then log P(any other)."""
@@ -132,8 +132,7 @@ def sample_draft(logits: torch.Tensor, draft_vocab: DraftVocab | None, cfg: Samp
     and its q [B, V] in the target's space."""
     if draft_vocab is not None:
         return draft_vocab.sample(logits, cfg, generator)
-    q = logits_to_probs(logits, cfg)
-    return sample(q, generator), q
+    return draw(logits, cfg, generator)
 
 
 def restrict_rows(weight: torch.Tensor, draft_vocab: DraftVocab | None) -> torch.Tensor:

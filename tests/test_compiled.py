@@ -12,9 +12,12 @@ from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.runtime import LeanRuntime
 from specexp.runtime.compiled import CAPACITY_STEP, CompiledDecoder, bucket, full_capacity_mask, held_capacity
+from specexp.runtime.decoder import lean_decoder
 from tests.conftest import tiny_model
+from tests.drafters import ScriptedK, make_drafter
 
 NO_EOS = [10**6]
+GREEDY = SamplingConfig()
 COMPILED_CALL = CompiledDecoder.__call__
 
 
@@ -105,3 +108,35 @@ def test_cuda_graphs_decode_exactly_as_eager(prompts):
     # a graph that writes into inputs whose addresses may change, the held caches' reason to be.
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert prepared.forward.compiled_passes > 20
+
+
+# Every model draft: its steps compiled beside the target's passes (chains, trees, feature heads, the shared
+# early exit's split passes), K changing every round (ScriptedK: feeds of every size, rounds without the draft).
+COMPILED_KINDS = ["disagree", "target_prefix", "distilled_like", "small_lm_tree", "reduced_vocab_tree", "eagle",
+                  "eagle3_reduced_vocab", "eagle3_int8", "eagle_tree", "medusa", "medusa_tree_reduced_vocab",
+                  "early_exit_shared"]
+
+
+def compiled_decode(target, drafter, prompts, backend: str, sampling=GREEDY, k_policy=None):
+    prepared = LeanRuntime(compile=True, compile_backend=backend, matmul_plan=False).prepare(target, drafter, [1, 2, 3])
+    out = generate(prepared.forward, prompts, drafter, sampling, 20, NO_EOS, torch.Generator().manual_seed(0),
+                   k_policy=k_policy)
+    return out, prepared.compiler.stats()["compiled_passes"]
+
+
+@pytest.mark.parametrize("kind", COMPILED_KINDS)
+def test_compiled_draft_steps_decode_greedily_as_the_target_alone(target, other_draft, prompts, ngram_files, kind):
+    """backend=eager: dynamo's capture of every kind of step (static shapes, the full-capacity masks, the
+    writes into the held caches), without code generation; the inductor test below generates code."""
+    alone = generate(lean_decoder(target.model), prompts, None, GREEDY, 20, NO_EOS, torch.Generator().manual_seed(0))
+    drafter = make_drafter(kind, target, other_draft, 4, ngram_files)
+    out, passes = compiled_decode(target, drafter, prompts, "eager", k_policy=ScriptedK(seed=len(kind)))
+    assert out.tokens == alone.tokens
+    assert passes["target"] > 0 and passes["draft"] > 0, passes
+
+
+def test_compiled_draft_steps_under_inductor_decode_as_the_target_alone(target, other_draft, prompts, ngram_files):
+    """An EAGLE head's layer and logits and the target's passes that return its features, as generated code."""
+    alone = generate(lean_decoder(target.model), prompts, None, GREEDY, 20, NO_EOS, torch.Generator().manual_seed(0))
+    out, passes = compiled_decode(target, make_drafter("eagle", target, other_draft, 3, ngram_files), prompts, "inductor")
+    assert out.tokens == alone.tokens and passes["target"] > 10 and passes["draft"] > 30, passes

@@ -27,6 +27,7 @@ from specexp.core import engine
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.core.tree import chain_parents
 from specexp.core.verify import tree_verify
+from specexp.runtime import LeanRuntime
 from tests.conftest import build_ngram_files, tiny_model
 from tests.drafters import DRAFT_KINDS, GRID_CASE_OF_CONFIG, NOT_IN_THE_SAMPLED_GRID, make_drafter
 from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, exact_joint, grouped_chi_square
@@ -83,11 +84,13 @@ def pair(tmp_path_factory):
     return target, other, build_ngram_files(target, tmp_path_factory.mktemp("ngram8"), seed=1)
 
 
-def decode_counts(target, drafter, sampling: SamplingConfig, seed: int) -> tuple[torch.Tensor, engine.GenerationOutput]:
-    """ROWS copies of each prompt, interleaved in one batch, 4 new tokens each -> counts [3, V^3]."""
+def decode_counts(target, drafter, sampling: SamplingConfig, seed: int,
+                  forward=None) -> tuple[torch.Tensor, engine.GenerationOutput]:
+    """ROWS copies of each prompt, interleaved in one batch, 4 new tokens each -> counts [3, V^3]
+    (``forward``: the target's under a runtime; default transformers')."""
     batch = PROMPTS * ROWS
     g = torch.Generator().manual_seed(seed)
-    out = engine.generate(target.model, batch, drafter, sampling, 4, NO_EOS, g)
+    out = engine.generate(forward or target.model, batch, drafter, sampling, 4, NO_EOS, g)
     cells = torch.tensor([(t[0] * V + t[1]) * V + t[2] for t in out.tokens])
     counts = torch.zeros(len(PROMPTS), V**3, dtype=torch.long)
     for i in range(len(PROMPTS)):
@@ -95,9 +98,11 @@ def decode_counts(target, drafter, sampling: SamplingConfig, seed: int) -> tuple
     return counts, out
 
 
-def check_case(pair, kind: str, k: int, sampling_name: str, build=None) -> tuple[float, float, engine.GenerationOutput]:
+def check_case(pair, kind: str, k: int, sampling_name: str, build=None,
+               compile_backend: str | None = None) -> tuple[float, float, engine.GenerationOutput]:
     """p-value and detectable TVD of one case, after checking the case can tell (power, cutting);
-    ``build``: a draft outside DRAFT_KINDS (target, other, k, files -> drafter)."""
+    ``build``: a draft outside DRAFT_KINDS (target, other, k, files -> drafter); ``compile_backend``:
+    the target's and the draft's steps compiled (runtime.compile=true) with it."""
     target, other, files = pair
     sampling = SAMPLINGS[sampling_name]
     expected = torch.stack([exact_joint(target, p, sampling) for p in PROMPTS])  # [3, V^3]
@@ -105,7 +110,14 @@ def check_case(pair, kind: str, k: int, sampling_name: str, build=None) -> tuple
         unwarped = torch.stack([exact_joint(target, p, SamplingConfig(temperature=sampling.temperature)) for p in PROMPTS])
         assert bool(((expected == 0) & (unwarped > 0)).any())
     drafter = make_drafter(kind, target, other, k, files) if build is None else build(target, other, k, files)
-    counts, out = decode_counts(target, drafter, sampling, seed=100 * (KINDS.index(kind) if kind in KINDS else 99) + k)
+    forward = None
+    if compile_backend is not None:
+        runtime = LeanRuntime(compile=True, compile_backend=compile_backend, matmul_plan=False)
+        forward = runtime.prepare(target, drafter, [k + 1]).forward
+    counts, out = decode_counts(target, drafter, sampling, seed=100 * (KINDS.index(kind) if kind in KINDS else 99) + k,
+                                forward=forward)
+    if compile_backend is not None:
+        assert runtime.compiler.stats()["compiled_passes"].get("draft", 0) > 0
     p_value, dof = grouped_chi_square(counts, expected)
     return p_value, detectable_tvd(ROWS, dof), out
 
@@ -143,6 +155,16 @@ def verify_with_broken_residual(draft_tokens, parents, draft_probs, target_probs
     rejected = ((parents == last[:, None]) & (draft_probs.sum(-1) > 0)).any(1)
     from_p = sample(target_probs[rows, last + 1], generator)  # target_probs[:, 0] is the tip's, [:, 1 + i] node i's
     return path, n_accepted, torch.where(rejected, from_p, next_token)
+
+
+@pytest.mark.parametrize(("kind", "k", "sampling_name", "backend"), [
+    ("disagree", 3, "t0.8_top-k3", "inductor"), ("eagle_tree", 3, "t1.3_top-p0.7", "eager"),
+    ("early_exit_shared", 3, "t1", "eager"), ("medusa", 3, "t1", "eager")])
+def test_compiled_draft_steps_sample_the_target(pair, kind, k, sampling_name, backend):
+    """runtime.compile=true: the same test with the target's and the draft's steps compiled (inductor's
+    generated code for a small LM; dynamo's capture alone for the others, tests/test_compiled.py)."""
+    p_value, tvd, _ = check_case(pair, kind, k, sampling_name, compile_backend=backend)
+    assert p_value > P_VALUE_THRESHOLD, f"{kind} K={k} {sampling_name} compiled: p = {p_value:.2e} (detects TVD >= {tvd:.3f})"
 
 
 @pytest.mark.slow

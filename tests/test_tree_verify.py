@@ -13,7 +13,7 @@ import torch
 
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.core.tree import chain_parents, tree_depths
-from specexp.core.verify import speculative_verify, tree_verify
+from specexp.core.verify import greedy_verify, speculative_verify, tree_verify
 from tests.stats import P_VALUE_THRESHOLD, chi_square_p_value
 
 TRIALS = 200_000
@@ -166,6 +166,30 @@ def test_one_hot_p_and_q_follow_the_targets_argmax_down_the_tree():
     p = logits_to_probs(torch.nn.functional.one_hot(argmax, 10).float(), greedy)
     path, n_accepted, next_token = tree_verify(tokens, parents, q, p)
     assert path.tolist() == [[1, -1], [1, 3]] and n_accepted.tolist() == [1, 2] and next_token.tolist() == [9, 9]
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_greedy_verify_is_the_rule_with_one_hot_p(shape):
+    """greedy_verify (from p's hot ids) gives what tree_verify gives with p one-hot, on random trees and
+    chains of 6 nodes over 4 tokens (so drafted tokens often are the argmax), with one-hot, spread and
+    padding (all-zero) q's: the path, n_accepted and the next token, row for row."""
+    g = torch.Generator().manual_seed(0)
+    B, N, Vg = 4000, 6, 4
+    parents = None if shape == "chain" else torch.stack(
+        [torch.randint(-1, i, (B,), generator=g) if i else torch.full((B,), -1) for i in range(N)], 1)
+    tokens = torch.randint(Vg, (B, N), generator=g)
+    q = torch.softmax(torch.randn(B, N, Vg, generator=g), -1)
+    q[::3] = torch.nn.functional.one_hot(tokens[::3], Vg).float()
+    q[torch.rand(B, N, generator=g) < 0.15] = 0.0  # padding nodes
+    argmax = torch.randint(Vg, (B, N + 1), generator=g)
+    argmax[:, 1:] = torch.where(torch.rand(B, N, generator=g) < 0.6, tokens, argmax[:, 1:])  # often the drafted token
+    one_hot_p = torch.nn.functional.one_hot(argmax, Vg).float()
+    path, n_accepted, next_token = greedy_verify(tokens, parents, q, argmax)
+    rule_path, rule_n, rule_next = tree_verify(tokens, parents, q, one_hot_p, torch.Generator().manual_seed(1))
+    assert torch.equal(n_accepted, rule_n) and torch.equal(next_token, rule_next)
+    D = rule_path.shape[1]
+    assert torch.equal(path[:, :D], rule_path) and bool((path[:, D:] == -1).all())
+    assert 0 < int(n_accepted.float().mean() * 10) and int(n_accepted.max()) >= 3  # the walks went deep
 
 
 def test_depths_and_an_empty_tree():

@@ -19,7 +19,7 @@ from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.readbacks import read_back, round_started
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.core.tree import proposal_depth
-from specexp.core.verify import tree_verify
+from specexp.core.verify import greedy_verify, tree_verify
 
 
 @dataclass
@@ -139,10 +139,10 @@ def prompt_pass(target: Callable, prompts: list[list[int]], sampling: SamplingCo
         ctx.features[:, :P] = features
     else:
         logits = kv.forward(target, prompt_ids, prompt_mask)
-    first_probs = logits_to_probs(logits.to(device), sampling)  # [B, 1, V]
     vocab_size = target.config.get_text_config().vocab_size
     no_draft = Proposal.empty(B, vocab_size, device)
-    _, _, tip = tree_verify(no_draft.tokens, None, no_draft.probs, first_probs, generator)  # [B]
+    _, _, tip = verify(no_draft.tokens, None, no_draft.probs, target_distribution(logits.to(device), sampling), sampling,
+                       generator)  # [B]
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
     decoding = Decoding(ctx, kv, tip, torch.zeros(B, dtype=torch.long, device=device), eos, max_new_tokens, P, vocab_size,
                         hidden_layers)
@@ -155,6 +155,20 @@ def prompt_pass(target: Callable, prompts: list[list[int]], sampling: SamplingCo
     ctx.host = HostView(tokens=tokens, start=np.array([P - len(p) for p in prompts], dtype=np.int64),
                         lengths=np.full(B, P + 1, dtype=np.int64), done=first["done"], n_accepted=np.zeros(B, np.int64))
     return decoding
+
+
+def target_distribution(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """p from the target's logits [B, n, V]: the warped probabilities [B, n, V], or under greedy
+    decoding, where p is one-hot, its hot ids [B, n] (no vocabulary-wide tensor)."""
+    return logits.argmax(-1) if sampling.greedy else logits_to_probs(logits, sampling)
+
+
+def verify(tokens: torch.Tensor, parents: torch.Tensor | None, draft_probs: torch.Tensor, p: torch.Tensor,
+           sampling: SamplingConfig, generator: torch.Generator | None) -> tuple[torch.Tensor, ...]:
+    """The rule on a proposal (core/verify.py) against ``p`` as `target_distribution` gives it."""
+    if sampling.greedy:
+        return greedy_verify(tokens, parents, draft_probs, p)
+    return tree_verify(tokens, parents, draft_probs, p, generator)
 
 
 def target_pass(target: Callable, drafter: Drafter | None, state: Decoding, proposal: Proposal,
@@ -210,13 +224,13 @@ def decode_round(target: Callable, drafter: Drafter | None, state: Decoding, k_r
     K = proposal.tokens.shape[1]
     mark()
 
-    # 2. One target pass over [tip, x_1..x_K]: p at K+1 positions.
+    # 2. One target pass over [tip, x_1..x_K]: p at K+1 positions (greedy: p's hot ids).
     logits, features = target_pass(target, drafter, state, proposal, k_round > 0)
-    target_probs = logits_to_probs(logits.to(device), sampling)  # a device_map target's logits are on its last device
+    p = target_distribution(logits.to(device), sampling)  # a device_map target's logits are on its last device
     mark()
 
     # 3. Verify: the accepted path [B, D] through the tree (a chain's: 0..n-1).
-    path, n_accepted, next_token = tree_verify(proposal.tokens, proposal.parents, proposal.probs, target_probs, generator)
+    path, n_accepted, next_token = verify(proposal.tokens, proposal.parents, proposal.probs, p, sampling, generator)
     proposal.accepted_path = path
 
     # 4. Commit the path's tokens x_1..x_n then next_token (and the tip's and path's hidden states).

@@ -163,6 +163,25 @@ class Drafter(Protocol):
         """
 
 
+class StepCompiler(Protocol):
+    """What runtime.compile=true hands a draft that runs models of its own (runtime/compiled.StepCompiler)."""
+
+    def decoder(self, decoder, role: str):
+        """A lean decoder's steps compiled (the same object for the same decoder): callable like it, with its
+        ``run_layers``, ``embed`` and ``logits``; ``role`` names it in summary.json (target, draft)."""
+
+    def function(self, fn, role: str):
+        """A small function of the draft's compiled alike (heads over the target's features)."""
+
+
+class RunsModels(Drafter, Protocol):
+    """A draft that runs models of its own, declared by a non-empty ``traits.models``: under
+    runtime.compile=true their steps run compiled (and on a GPU as CUDA graphs), as the target's do."""
+
+    def compile_steps(self, compiler: StepCompiler) -> None:
+        """Run every model step through ``compiler``'s compiled forwards from now on."""
+
+
 class ReadsTargetFeatures(Drafter, Protocol):
     """A draft that reads the target's hidden states (EAGLE, Medusa), declared by a non-empty
     ``traits.hidden_layers``: the engine takes them from its own passes (the prompt's and every

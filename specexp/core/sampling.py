@@ -51,6 +51,17 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return logits.softmax(-1)
 
 
+def draw(logits: torch.Tensor, cfg: SamplingConfig,
+         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Warp logits [..., V] and draw a token from the warp: (token [...], its distribution [..., V]).
+    Greedy: the argmax and its one-hot, what sampling the one-hot gives, without the draw."""
+    if cfg.greedy:
+        token = logits.argmax(-1)
+        return token, torch.zeros(logits.shape, device=logits.device).scatter_(-1, token[..., None], 1.0)
+    q = logits_to_probs(logits, cfg)
+    return sample(q, generator), q
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row from (possibly unnormalised) probs [..., V] -> [...] long.
 

@@ -12,7 +12,8 @@ accepted, emit a bonus token drawn from p_K. The emitted sequence is distributed
 sampling from p token by token.
 
 Special cases are the same rule, not new code:
-  * greedy: p and q one-hot -> accept iff x_i == argmax p_i, then emit argmax p_n;
+  * greedy: p one-hot -> accept iff q_i(x_i) > 0 and x_i == argmax p_i, then emit argmax p_n
+    (`greedy_verify` computes exactly that from the argmax ids, without vocabulary-wide tensors);
   * deterministic draft (one-hot q): accept with probability p_i(x_i), resample from p_n
     with x_n removed;
   * padding: a position with q_i(x_i) == 0 is never accepted, and its residual is p_i
@@ -104,6 +105,36 @@ def tree_verify(
     # No mass left: the rejection had probability 0, only rounding got here; r is right.
     left = torch.where(left.sum(-1, keepdim=True) > 0, left, r)
     return path, n_accepted, sample(left, generator)
+
+
+def greedy_verify(
+    tree_tokens: torch.Tensor,  # [B, N] long
+    parents: torch.Tensor | None,  # [B, N] long as in tree_verify; None: a chain
+    draft_probs: torch.Tensor,  # [B, N, V]: q of each node (only q(x) > 0 is read)
+    target_ids: torch.Tensor,  # [B, N+1] long: argmax p at the root (0) and after node i (i+1)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`tree_verify` when every p is one-hot (greedy), from p's hot ids: the same path, n_accepted and
+    next token (tests/test_tree_verify.py checks both agree). With p one-hot at a, a node is accepted
+    with probability min(1, p(x) / q(x)) = 1 if x == a and q(x) > 0, else 0; a rejected sibling's
+    residual max(p - q, 0) keeps all its mass at a (q(a) < 1 when x != a), so the walk follows the
+    first proposed child that is a and the next token is a where it ends. The path is N wide."""
+    B, N = tree_tokens.shape
+    q_x = draft_probs.gather(-1, tree_tokens[..., None]).squeeze(-1) > 0  # [B, N]: proposed
+    order = torch.arange(N, device=tree_tokens.device)
+    if parents is None or N == 0:  # a chain: the accepted prefix
+        n_accepted = (q_x & (tree_tokens == target_ids[:, :N])).long().cumprod(-1).sum(-1)  # [B]
+        path = torch.where(order < n_accepted[:, None], order, -1)
+        return path, n_accepted, target_ids.gather(1, n_accepted[:, None]).squeeze(1)
+    node = torch.full((B,), -1, dtype=torch.long, device=tree_tokens.device)  # where each row's walk stands
+    n_accepted = torch.zeros_like(node)
+    path = torch.full((B, N), -1, dtype=torch.long, device=tree_tokens.device)
+    for i in range(N):  # parents come before their children
+        hot = target_ids.gather(1, (node + 1)[:, None]).squeeze(1)  # [B]: a at the row's node
+        accept = (parents[:, i] == node) & q_x[:, i] & (tree_tokens[:, i] == hot)
+        path.scatter_(1, n_accepted[:, None], torch.where(accept, i, path.gather(1, n_accepted[:, None])[:, 0])[:, None])
+        node = torch.where(accept, i, node)
+        n_accepted = n_accepted + accept.long()
+    return path, n_accepted, target_ids.gather(1, (node + 1)[:, None]).squeeze(1)
 
 
 def _walk(tree_tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,

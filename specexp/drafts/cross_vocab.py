@@ -23,7 +23,7 @@ import time
 import torch
 
 from specexp.core.engine import left_pad
-from specexp.core.interface import Context, DraftTraits, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal, StepCompiler
 from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.drafts.parts.base import check_k, committed_tokens, common_prefix, one_hot_proposal
@@ -50,7 +50,8 @@ class CrossVocabDrafter:
                 raise UserInputError(f"vocab mismatch: {name} '{model.name}' has no tokenizer, so its vocabulary cannot "
                                      f"be mapped to the other's; give a model folder with its tokenizer")
         self.draft = dataclasses.replace(draft, model=quantize_linears(draft.model, quantize))
-        self.forward_model = lean_decoder(self.draft.model) if unsupported_reason(self.draft.model) is None else self.draft.model
+        self.lean = unsupported_reason(self.draft.model) is None
+        self.forward_model = lean_decoder(self.draft.model) if self.lean else self.draft.model
         self.target_tokenizer, self.draft_tokenizer = target.tokenizer, draft.tokenizer
         self.mapping = vocab_mapping
         self.vocab_size = target.vocab_size
@@ -70,6 +71,10 @@ class CrossVocabDrafter:
         self.traits = DraftTraits(k_max=k, models=(self.draft.model,), vocab_overlap=self.vocab_map.overlap)
         self.kv: RaggedKV | StaticRaggedKV | None = None
         self.cached: list[list[int]] = []  # per row: the draft ids its cache holds
+
+    def compile_steps(self, compiler: StepCompiler) -> None:
+        if self.lean:  # another architecture keeps transformers' forward
+            self.forward_model = compiler.decoder(self.forward_model, "draft")
 
     def reset(self, ctx: Context) -> None:
         self.kv = None

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specexp.core.interface import Context, DraftTraits, Proposal
-from specexp.core.kv import StaticRaggedKV, region_mask
+from specexp.core.interface import Context, DraftTraits, Proposal, StepCompiler
+from specexp.core.kv import StaticRaggedKV, new_ragged_kv, region_mask
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import sample_draft
 from specexp.drafts.parts.base import check_k
@@ -41,11 +41,16 @@ class EagleDrafter:
         self.traits = DraftTraits(k_max=k, models=(head,), branches=branches, grows_trees=branches > 1,
                                   hidden_layers=tuple(head.hidden_layers))
         self.forward = head.decoder()
+        self.head_logits = head.logits  # h [..., H] -> logits [..., C]
         self.kv: StaticRaggedKV | None = None
         self.filled = False
         self.cached: np.ndarray | None = None  # [B]: committed pairs the cache holds per row, as the host knows
         self.fed_end = 0  # the cache's slots after the last propose fed the committed pairs
         self.n_drafted = 0  # entries the last propose drafted (update drops them)
+
+    def compile_steps(self, compiler: StepCompiler) -> None:
+        self.forward = compiler.decoder(self.forward, "draft")
+        self.head_logits = compiler.function(self.head.logits, "draft")
 
     def reset(self, ctx: Context) -> None:
         self.kv = None  # made at the batch's first proposal (as the small-LM draft's): a batch never asked holds none
@@ -57,7 +62,7 @@ class EagleDrafter:
 
     def _distribution(self, h: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
         """h [..., H] -> (untempered draft probabilities, warped q), each [..., V] in the target's ids."""
-        logits = self.head.target_logits(self.head.logits(h)).float()
+        logits = self.head.target_logits(self.head_logits(h)).float()
         return logits.softmax(-1), logits_to_probs(logits, sampling)
 
     def _feed_committed(self, ctx: Context) -> torch.Tensor:
@@ -67,7 +72,7 @@ class EagleDrafter:
         B, device = ctx.tokens.shape[0], ctx.tokens.device
         pairs = host.lengths - 1 - host.start  # [B]: (features at s, token at s+1) for s in start..lengths-2
         if not self.filled:  # the first proposal of a batch: every row's pairs, left-padded to one start
-            self.kv = StaticRaggedKV.for_model(self.forward, B, ctx.tokens.shape[1], device)
+            self.kv = new_ragged_kv(self.forward, B, device, capacity=ctx.tokens.shape[1])
             self.filled = True
             first = int(host.start.min())
             T = int(host.lengths.max()) - 1 - first
@@ -103,7 +108,7 @@ class EagleDrafter:
             return self._propose_tree(h, k, sampling, generator)
         tokens, probs = [], []
         for i in range(k):
-            x, q = sample_draft(self.head.logits(h), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
+            x, q = sample_draft(self.head_logits(h), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
             tokens.append(x)
             probs.append(q)
             if i + 1 < k:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specexp.core.interface import Context, Drafter, DraftTraits, Proposal
+from specexp.core.interface import Context, Drafter, DraftTraits, Proposal, StepCompiler
 from specexp.core.kv import RaggedKV, StaticRaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.draft_vocab import sample_draft
@@ -39,8 +39,13 @@ class SharedEarlyExitDrafter:
         self.target, self.head = target, head
         self.traits = DraftTraits(k_max=k, models=(head,), shares_target_pass=True)
         self.decoder = target_decoder(target.model)
+        self.exit_logits = head  # layer-L states [B, H] -> logits [B, C]
         self.kv: RaggedKV | StaticRaggedKV | None = None
         self.exit_hidden: torch.Tensor | None = None  # [B, K, H]: layer-L states of tip, x_1..x_{K-1}
+
+    def compile_steps(self, compiler: StepCompiler) -> None:
+        self.decoder = compiler.decoder(self.decoder, "target")  # the target's own compiled layers and cache
+        self.exit_logits = compiler.function(self.head, "draft")
 
     def attach(self, kv: RaggedKV | StaticRaggedKV) -> None:
         self.kv = kv
@@ -59,7 +64,7 @@ class SharedEarlyExitDrafter:
             mask = torch.cat([mask, ones], dim=1)  # layers 0..L-1 grow one slot per step
             h = self.decoder.run_layers(self.decoder.embed(x), range(self.head.exit_layer), self.kv, mask,
                                         position + i)  # [B, 1, H]
-            token, q = sample_draft(self.head(h[:, -1]), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
+            token, q = sample_draft(self.exit_logits(h[:, -1]), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
             x = token[:, None]
             tokens.append(x)
             probs.append(q)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from specexp.core.interface import Context, DraftTraits, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal, StepCompiler
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import sample_draft
 from specexp.drafts.parts.base import check_k
@@ -36,6 +36,10 @@ class MedusaDrafter:
         self.traits = DraftTraits(k_max=k, models=(heads,), branches=branches, grows_trees=branches > 1,
                                   k_limit=heads.n_heads if branches == 1 else None,  # a chain: one token per head
                                   hidden_layers=tuple(heads.hidden_layers))
+        self.head_logits = heads  # (features [B, F], n heads) -> logits [B, n, C]
+
+    def compile_steps(self, compiler: StepCompiler) -> None:
+        self.head_logits = compiler.function(self.heads, "draft")
 
     def reset(self, ctx: Context) -> None:
         pass
@@ -44,7 +48,7 @@ class MedusaDrafter:
         """The first n_heads heads' logits [B, n, C] at the last slot with features (before the tip)."""
         slot = (ctx.lengths - 2).clamp_min(0)  # a one-token prompt has none: any draft is exact
         features = ctx.features.gather(1, slot[:, None, None].expand(-1, 1, ctx.features.shape[-1]))[:, 0]  # [B, F]
-        return self.heads(features, n_heads)
+        return self.head_logits(features, n_heads)
 
     @torch.inference_mode()
     def propose(self, ctx: Context, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specexp.core.interface import Context, DraftTraits, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal, StepCompiler
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.parts.base import check_k
 from specexp.drafts.small_lm import SmallLMDrafter
@@ -60,6 +60,10 @@ class OracleDrafter:
         self.row_lengths: torch.Tensor | None = None  # [B]: its length
         self.first_new: torch.Tensor | None = None  # [B]: the slot of each row's first new token
         self.alpha_rows: dict[int, torch.Tensor] = {}  # K -> alpha per position [K], on the device
+
+    def compile_steps(self, compiler: StepCompiler) -> None:
+        if self.cost is not None:
+            self.cost.compile_steps(compiler)
 
     def set_reference(self, prompts: list[list[int]], continuations: list[list[int]]) -> None:
         self.reference = {tuple(p): c for p, c in zip(prompts, continuations, strict=True)}

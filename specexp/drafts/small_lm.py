@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specexp.core.interface import Context, DraftTraits, Proposal
+from specexp.core.interface import Context, DraftTraits, Proposal, StepCompiler
 from specexp.core.kv import RaggedKV, StaticRaggedKV, new_ragged_kv
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import DraftVocab, sample_draft, vocab_fingerprint
@@ -101,8 +101,8 @@ class SmallLMDrafter:
         self.draft = dataclasses.replace(model, model=quantize_linears(model.model, quantize))
         # The draft's step is its whole cost c: a Llama-shaped draft runs through the lean decoder
         # (no per-call plumbing, fused projections, a static cache), anything else through its own forward.
-        lean = unsupported_reason(self.draft.model) is None
-        self.forward_model = lean_decoder(self.draft.model) if lean else self.draft.model
+        self.lean = unsupported_reason(self.draft.model) is None
+        self.forward_model = lean_decoder(self.draft.model) if self.lean else self.draft.model
         self.traits = DraftTraits(k_max=k, models=(self.draft.model,), branches=branches, grows_trees=branches > 1,
                                   markov_chain=branches == 1)
         self.vocab_size = target.vocab_size
@@ -113,6 +113,10 @@ class SmallLMDrafter:
         self.n_fed = 0  # drafted tokens the last propose put into the cache (update rewinds them)
         self.fed_end = 0  # the cache's slots after the last propose fed the committed tokens
         self.node_slots: torch.Tensor | None = None  # [B, N]: a tree node's slot after the tip in the cache, or -1
+
+    def compile_steps(self, compiler: StepCompiler) -> None:
+        if self.lean:  # another architecture keeps transformers' forward
+            self.forward_model = compiler.decoder(self.forward_model, "draft")
 
     def reset(self, ctx: Context) -> None:
         # The cache is made and filled at the first proposal: a batch whose rounds never ask the draft

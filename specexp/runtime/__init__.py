@@ -14,7 +14,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -23,12 +23,13 @@ from specexp.core.interface import Drafter
 from specexp.core.kv import StaticRaggedKV
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel, cache_root, spread_over_devices
-from specexp.runtime.compiled import CompiledDecoder, bucket
+from specexp.runtime.compiled import CompiledDecoder, StepCompiler, bucket
 from specexp.runtime.decoder import LeanDecoder, existing_decoder, lean_decoder, unsupported_reason
 from specexp.runtime.int8 import Int8WeightLinear
 from specexp.runtime.matmul import MatmulPlans, apply_plan, shape_key
 
 log = logging.getLogger(__name__)
+COMPILE_BACKENDS = ("inductor", "eager", "aot_eager")  # torch.compile's: code generated, the capture alone, and autograd's
 
 
 def round_rows(batch_size: int, k: int) -> list[int]:
@@ -42,8 +43,10 @@ class PreparedRuntime:
     forward: Callable  # what the engine runs the target through: the model, or its lean decoder
     record: dict  # the settings and the matmul plan, for summary.json
     # runtime.compile=true: the forward, compiled (its graphs warmed before timing, its eager decoder for
-    # one-off passes, its counters in summary.json); None: the forward runs eagerly
+    # one-off passes); None: the forward runs eagerly
     compiled: CompiledDecoder | None = None
+    # runtime.compile=true: what compiled the target's and the draft's steps (its counters in summary.json)
+    compiler: StepCompiler | None = None
 
 
 @dataclass
@@ -89,14 +92,19 @@ class LeanRuntime(HFRuntime):
     reason in the record."""
 
     fuse_projections: bool | str = "auto"  # auto: fused or separate, whichever makes the timed pass faster
-    compile: bool = False
+    compile: bool = False  # the target's and the draft's steps compiled (runtime/compiled.py)
     compile_mode: str | None = None  # torch.compile's mode; None: reduce-overhead (CUDA graphs) on CUDA, default on CPU
+    compile_backend: str = "inductor"  # torch.compile's backend (eager: the capture alone, no code generated)
     compile_max_tokens: int = 32  # passes over more new tokens (prompts) run eagerly
+    compiler: StepCompiler | None = field(default=None, init=False, repr=False)  # made by target_forward
 
     def __post_init__(self):
         super().__post_init__()
         if self.fuse_projections not in (True, False, "auto"):
             raise UserInputError(f"runtime.fuse_projections={self.fuse_projections} is not allowed; use true, false or auto")
+        if self.compile_backend not in COMPILE_BACKENDS:
+            raise UserInputError(f"runtime.compile_backend={self.compile_backend} is not allowed; choose one of "
+                                 f"{', '.join(COMPILE_BACKENDS)}")
         if self.compile_max_tokens < 1:
             raise UserInputError(f"runtime.compile_max_tokens={self.compile_max_tokens} is not allowed; it must be >= 1")
 
@@ -112,8 +120,10 @@ class LeanRuntime(HFRuntime):
             if not plans.remembered("fusion", key, lambda: fusion_pays(decoder, planned)):  # once per machine
                 decoder.unfuse()
             prepared.record["fuse_projections"] = decoder.fused
-        if prepared.record.get("compile"):  # target_forward compiled the lean decoder
-            prepared.compiled = prepared.forward
+        if prepared.record.get("compile"):  # target_forward compiled the lean decoder; the draft's steps alike
+            prepared.compiled, prepared.compiler = prepared.forward, self.compiler
+            if drafter is not None and drafter.traits.models:  # core.interface.RunsModels
+                drafter.compile_steps(self.compiler)
         return prepared
 
     def target_forward(self, target: LoadedModel) -> tuple[Callable, dict]:
@@ -130,8 +140,10 @@ class LeanRuntime(HFRuntime):
         if not self.compile:
             return decoder, record
         mode = self.compile_mode or ("reduce-overhead" if decoder.device.type == "cuda" else "default")
-        record |= {"compile_mode": mode, "compile_max_tokens": self.compile_max_tokens}
-        return CompiledDecoder(decoder, mode=mode, max_tokens=self.compile_max_tokens), record
+        record |= {"compile_mode": mode, "compile_backend": self.compile_backend,
+                   "compile_max_tokens": self.compile_max_tokens}
+        self.compiler = StepCompiler(mode, self.compile_max_tokens, self.compile_backend)  # one per prepared run
+        return self.compiler.decoder(decoder, "target"), record
 
 
 def fusion_key(decoder: LeanDecoder) -> str:

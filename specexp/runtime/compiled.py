@@ -1,12 +1,16 @@
-"""runtime.compile=true: the lean decoder's pass over T new tokens as one compiled graph.
+"""runtime.compile=true: every model step of a round as a compiled graph, the target's and the draft's.
 
-Static shapes make it compilable end to end and, on CUDA, replayable as a CUDA graph
-(``mode="reduce-overhead"``): inside the graph the new keys and values are written in place at
-slots [start, start + T) of the static cache (``start`` a tensor, so steps do not recompile),
-and attention reads every slot of the cache's capacity, the mask hiding those no row holds.
-T is padded up to a bucket (1, 2, 4, 8, ...): the padding tokens are written past the cache's
-end, where no mask shows them and the next pass overwrites them, and their logits are dropped.
-So a run compiles one graph per bucket (and batch size), each with the matmul plan of its rows.
+A `CompiledDecoder` runs a lean decoder's steps over its held static caches as compiled graphs and,
+on CUDA, replays them as CUDA graphs (``mode="reduce-overhead"``): a full pass over T new tokens (the
+target's verify pass, a small LM's draft step), a token tree's pass (its mask an input), a pass whose
+hidden states a feature draft reads (returned beside the logits), and a run of some of its layers
+from hidden states to hidden states (an EAGLE head's layer, an early exit's layers). Inside the graph
+the new keys and values are written in place at slots [start, start + T) of the static cache
+(``start`` a view into the cache's slot numbers on the device, so steps do not recompile and the
+host copies nothing), and attention reads every slot of the cache's capacity, the mask hiding
+those a query may not see. T is padded up to a bucket (1, 2, 4, 8, ...): the padding tokens are
+written past the cache's end, where no mask shows them and the next pass overwrites them, and
+their outputs are dropped. So a decoder compiles one graph per bucket, batch size and kind of step.
 
 The cache's buffers are the decoder's own, one per batch size, cleared and handed out again by
 every decode (``held_cache``): a CUDA graph replays on the addresses it was recorded with, and
@@ -14,20 +18,29 @@ cudagraph trees refuse (run without graphs) a graph that writes into inputs whos
 change. Held at a capacity rounded up to 256 slots and only grown, they keep one shape, so a
 study compiles each graph once: ``warm`` does that before anything is timed.
 
-Passes it does not take run eagerly through the same decoder: prompts longer than
-``max_tokens``, a transformers cache, a shared early-exit draft's split passes (whose layers hold
-different numbers of slots), token trees, passes whose hidden states a draft reads, and every pass
-of a model with sliding-window layers (Gemma3: its window is over each row's positions, which the
-full-capacity mask does not carry).
+Passes it does not take run eagerly through the same decoder: passes over more than ``max_tokens``
+new tokens (long prompts), caches it does not hold (a transformers cache, another decoder's), runs
+of layers that hold different numbers of slots, and every pass of a model with sliding-window
+layers (Gemma3: its window is over each row's positions, which the full-capacity mask does not
+carry).
+
+`StepCompiler` makes one CompiledDecoder per decoder for a run (the target's, the draft's) and
+compiles the small functions a draft runs besides (Medusa's heads), counting compiled calls per
+model for summary.json.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 
 from specexp.core.kv import ForwardTraits, StaticRaggedKV, declares_forward
-from specexp.runtime.decoder import LeanDecoder
+from specexp.runtime.decoder import LeanDecoder, rms_norm
+
+# torch.compile specialises a graph per bucket, batch size and kind of step, all of one code object:
+# more than dynamo's default of 8 recompiles (past which it runs the rest eagerly, silently).
+RECOMPILE_LIMIT = 256
 
 
 def full_capacity_mask(valid: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -38,6 +51,14 @@ def full_capacity_mask(valid: torch.Tensor, slots: torch.Tensor) -> torch.Tensor
     causal = torch.arange(C, device=valid.device)[None, :] <= slots[:, None]  # [T, C]
     allowed = valid.bool()[:, None, None, :] & causal  # [B, 1, T, C]
     return allowed | ~allowed.any(-1, keepdim=True)
+
+
+def padded_mask(mask: torch.Tensor, tokens: int, capacity: int) -> torch.Tensor:
+    """A pass's own mask [B, 1, T, L] over the cache's first L slots -> [B, 1, tokens, capacity]: no
+    slot past L seen, and the padding queries past T seeing what the last real one sees."""
+    T, L = mask.shape[2:]
+    rows = torch.cat([mask, mask[:, :, -1:].expand(-1, -1, tokens - T, -1)], dim=2)  # [B, 1, tokens, L]
+    return F.pad(rows, (0, capacity - L))
 
 
 class FullCapacityWriter:
@@ -67,23 +88,33 @@ def held_capacity(slots: int, max_tokens: int) -> int:
     return -(-(slots + max_tokens) // CAPACITY_STEP) * CAPACITY_STEP
 
 
-@declares_forward(ForwardTraits(block_mask=True, cache="held"))  # a token tree's pass runs eagerly with its mask
-class CompiledDecoder:
-    """Callable like LeanDecoder for the engine's caches; its full passes over the static cache
-    of up to ``max_tokens`` new tokens run compiled."""
+def pad_tokens(x: torch.Tensor, padding: int) -> torch.Tensor:
+    """[B, T, ...] -> [B, T + padding, ...], the last token repeated."""
+    return torch.cat([x, x[:, -1:].expand(-1, padding, *x.shape[2:])], dim=1) if padding else x
 
-    def __init__(self, decoder: LeanDecoder, mode: str | None = None, max_tokens: int = 32):
+
+@declares_forward(ForwardTraits(block_mask=True, cache="held"))
+class CompiledDecoder:
+    """Callable like LeanDecoder for the engine's caches, with its ``run_layers``, ``embed`` and
+    ``logits``; its steps over the static caches it holds, of up to ``max_tokens`` new tokens, run compiled."""
+
+    def __init__(self, decoder: LeanDecoder, mode: str | None = None, max_tokens: int = 32, backend: str = "inductor"):
         self.decoder, self.mode, self.max_tokens = decoder, mode, max_tokens
         self.config, self.dtype, self.device = decoder.config, decoder.dtype, decoder.device
-        self.compiled_passes = 0  # passes that ran compiled (the rest ran eagerly)
+        self.n_layers = decoder.n_layers
+        self.compiled_passes = 0  # steps that ran compiled (the rest ran eagerly)
         self.windowed = any(w is not None for w in decoder.windows)
-        self._compiled = torch.compile(self._pass, mode=mode, fullgraph=True)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
+                                                               4 * RECOMPILE_LIMIT)
+        self._compiled = torch.compile(self._step, mode=mode, fullgraph=True, dynamic=False, backend=backend)
         self._held: dict[int, StaticRaggedKV] = {}  # batch size -> the cache every decode of it uses
+        self._slot_numbers: torch.Tensor | None = None  # [C]: slot i's number, on the device (``start`` is a view)
 
     def held_cache(self, batch_size: int, capacity: int, device: torch.device) -> StaticRaggedKV:
         """The cache for a decode of ``batch_size`` rows booking up to ``capacity`` slots: the one held
         for that batch size, cleared, or a larger one that replaces it. One decode at a time: the
-        engine runs its target's decodes one after another."""
+        engine runs its target's decodes one after another, a draft its own."""
         held = self._held.get(batch_size)
         if held is not None and held.capacity >= capacity + self.max_tokens:
             held.clear()
@@ -92,59 +123,181 @@ class CompiledDecoder:
         for buffer in (held.keys, held.values, held.valid):  # CUDA graphs may write and read them in place
             torch._dynamo.mark_static_address(buffer, guard=False)
         self._held[batch_size] = held
+        if self._slot_numbers is None or len(self._slot_numbers) < held.capacity:
+            self._slot_numbers = torch.arange(held.capacity, device=device)
         return held
 
-    def stats(self) -> dict:
-        """For summary.json: passes that ran compiled, and graphs that cudagraph trees declined to
-        run as CUDA graphs (this process's count: under reduce-overhead it should stay 0)."""
-        from torch._dynamo.utils import counters  # imported here: torch._dynamo is slow to import
+    def holds(self, cache) -> bool:
+        return any(cache is held for held in self._held.values())
 
-        return {"compiled_passes": self.compiled_passes,
-                "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"])}
+    @property
+    def windows(self) -> list[int | None]:
+        return self.decoder.windows
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed(input_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder.logits(hidden)
+
+    def check_exit_layer(self, exit_layer: int) -> None:
+        self.decoder.check_exit_layer(exit_layer)
+
+    def stats(self) -> dict:
+        """Steps that ran compiled, for summary.json."""
+        return {"compiled_passes": self.compiled_passes}
 
     @torch.inference_mode()  # as the engine runs its passes (a graph compiled for autograd would not serve them)
-    def warm(self, batch_sizes: Iterable[int], pass_tokens: Iterable[int], capacity: int) -> int:
+    def warm(self, batch_sizes: Iterable[int], pass_tokens: Iterable[int], capacity: int, tree: bool = False,
+             hidden_layers: tuple[int, ...] = ()) -> int:
         """Compile (on CUDA also record) the graph of every bucket that passes over ``pass_tokens``
-        new tokens take, for each batch size, on the held caches at ``capacity``: the first call of
-        a graph compiles it, which no timed decode should pay. Returns the graphs warmed."""
+        new tokens take, for each batch size, on the held caches at ``capacity`` (``tree``: a token
+        tree's pass too; ``hidden_layers``: passes returning them): the first call of a graph
+        compiles it, which no timed decode should pay. Returns the graphs warmed."""
         if self.windowed:  # its passes all run eagerly
             return 0
         buckets = sorted({bucket(t) for t in pass_tokens if 0 < t <= self.max_tokens})
-        sizes = sorted(set(batch_sizes))
+        sizes, graphs = sorted(set(batch_sizes)), 0
         for batch_size in sizes:
             for tokens in buckets:
-                kv = self.held_cache(batch_size, capacity, self.device)
-                ids = torch.zeros(batch_size, tokens, dtype=torch.long, device=self.device)  # [B, Tb]
-                kv.forward(self, ids, torch.ones_like(ids))
+                for parents in [None] + ([torch.full((batch_size, tokens - 1), -1)] if tree and tokens > 1 else []):
+                    kv = self.held_cache(batch_size, capacity, self.device)
+                    ids = torch.zeros(batch_size, tokens, dtype=torch.long, device=self.device)  # [B, Tb]
+                    parents = None if parents is None else parents.to(self.device)  # a tip and its children
+                    if hidden_layers:
+                        kv.forward_features(self, ids, hidden_layers, parents=parents)
+                    else:
+                        kv.forward(self, ids, parents=parents)
+                    graphs += 1
             self.held_cache(batch_size, capacity, self.device)  # left cleared
-        return len(buckets) * len(sizes)
+        return graphs
 
-    def _pass(self, input_ids: torch.Tensor, position_ids: torch.Tensor, valid: torch.Tensor, start: torch.Tensor,
-              keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    def warm_layers(self, batch_sizes: Iterable[int], pass_tokens: Iterable[int], capacity: int, layers: range,
+                    tree: bool = False) -> int:
+        """``warm`` for runs of ``layers`` from hidden states (an EAGLE head's layer, an early exit's)."""
+        if self.windowed:
+            return 0
+        buckets = sorted({bucket(t) for t in pass_tokens if 0 < t <= self.max_tokens})
+        graphs = 0
+        with torch.inference_mode():
+            for batch_size in sorted(set(batch_sizes)):
+                for tokens in buckets:
+                    for masked in [False] + ([True] if tree else []):
+                        kv = self.held_cache(batch_size, capacity, self.device)
+                        hidden = torch.zeros(batch_size, tokens, self.config.get_text_config().hidden_size,
+                                             dtype=self.dtype, device=self.device)
+                        positions = kv.extend(torch.ones(batch_size, tokens, dtype=torch.long, device=self.device))
+                        mask = torch.ones(batch_size, 1, tokens, tokens, dtype=torch.bool, device=self.device) \
+                            if masked else None
+                        self.run_layers(hidden, layers, kv, kv.mask, positions, mask=mask)
+                        graphs += 1
+                self.held_cache(batch_size, capacity, self.device)
+        return graphs
+
+    def _step(self, inputs: torch.Tensor, position_ids: torch.Tensor, valid: torch.Tensor, start: torch.Tensor,
+              keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, layers: range, embed: bool,
+              head: bool, hidden_layers: tuple[int, ...]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The graph: ``inputs`` (ids [B, Tb] when ``embed``, else hidden states [B, Tb, H]) through
+        ``layers``, writing their K/V at slots start.., attending over the capacity as ``mask`` [B, 1,
+        Tb, C] says (None: causally over ``valid`` [B, C]); returns the logits (``head``) or the last
+        hidden states, and the hidden states ``hidden_layers`` (transformers' numbering)."""
         d = self.decoder
-        slots = start + torch.arange(input_ids.shape[1], device=input_ids.device)  # [Tb]
-        hidden = d.run_layers(d.embed(input_ids), range(d.n_layers), FullCapacityWriter(keys, values, slots), None,
-                              position_ids, mask=full_capacity_mask(valid, slots))
-        return d.logits(hidden)  # [B, Tb, V]
+        slots = start + torch.arange(inputs.shape[1], device=inputs.device)  # [Tb]
+        allowed = full_capacity_mask(valid, slots) if mask is None else mask
+        hidden = d.embed(inputs) if embed else inputs
+        taps = dict.fromkeys(j - 1 for j in hidden_layers if 0 < j)
+        out = d.run_layers(hidden, layers, FullCapacityWriter(keys, values, slots), None, position_ids, taps, mask=allowed)
+        states = tuple(hidden if j == 0 else rms_norm(d.norm, out) if j == d.n_layers else taps[j - 1]
+                       for j in hidden_layers)
+        return (d.logits(out) if head else out), states
+
+    def _run(self, cache: StaticRaggedKV, inputs: torch.Tensor, position_ids: torch.Tensor,
+             attention_mask: torch.Tensor | None, mask: torch.Tensor | None, layers: range, embed: bool, head: bool,
+             hidden_layers: tuple[int, ...]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None:
+        """A step compiled, or None where it must run eagerly (see the module's docstring)."""
+        T = inputs.shape[1]
+        starts = {cache.layer_length[i] for i in layers} if self.holds(cache) else set()
+        if len(starts) != 1 or T > self.max_tokens or self.windowed:
+            return None
+        start = starts.pop()  # the new tokens' slots [start, start + T): booked by extend, or a draft's own
+        padding = bucket(T) - T
+        cache.reserve(start + T + padding)
+        if len(self._slot_numbers) < cache.capacity:  # the cache grew
+            self._slot_numbers = torch.arange(cache.capacity, device=cache.valid.device)
+        if mask is not None:
+            mask = padded_mask(mask, T + padding, cache.capacity)
+        valid = cache.valid
+        if attention_mask is not None and attention_mask.shape[1] != cache.length:  # slots not booked (early exit)
+            valid = F.pad(attention_mask, (0, cache.capacity - attention_mask.shape[1]))
+        out, states = self._compiled(pad_tokens(inputs, padding), pad_tokens(position_ids, padding), valid,
+                                     self._slot_numbers[start], cache.keys, cache.values, mask, layers, embed, head,
+                                     hidden_layers)
+        for i in layers:
+            cache.layer_length[i] = start + T
+        self.compiled_passes += 1
+        return out[:, :T], tuple(s[:, :T] for s in states)
+
+    def run_layers(self, hidden: torch.Tensor, layers: range, cache, attention_mask: torch.Tensor | None,
+                   position_ids: torch.Tensor, taps: dict[int, torch.Tensor] | None = None,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`LeanDecoder.run_layers`, compiled over a held cache (taps run eagerly)."""
+        compiled = None if taps is not None else self._run(cache, hidden, position_ids, attention_mask, mask, layers,
+                                                           False, False, ())
+        if compiled is None:
+            return self.decoder.run_layers(hidden, layers, cache, attention_mask, position_ids, taps, mask)
+        return compiled[0]
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None, cache=None, logits_to_keep: int = 1,
                  hidden_layers: tuple[int, ...] = (), mask: torch.Tensor | None = None, **_) -> SimpleNamespace:
-        T = input_ids.shape[1]
-        lengths = set(cache.layer_length) if isinstance(cache, StaticRaggedKV) else None
-        # A token tree's pass (its own mask) and one a draft reads hidden states of run eagerly: the
-        # compiled graph builds a causal mask and returns logits alone.
-        if (lengths is None or len(lengths) != 1 or T > self.max_tokens or not logits_to_keep or mask is not None
-                or hidden_layers or self.windowed):
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(input_ids.shape[0], -1)
+        hidden_layers = tuple(hidden_layers)
+        compiled = self._run(cache, input_ids, position_ids, None, mask, range(self.n_layers), True, True, hidden_layers)
+        if compiled is None:
             return self.decoder(input_ids, attention_mask, position_ids, cache, logits_to_keep, hidden_layers, mask)
-        start = lengths.pop()  # every layer holds the same slots; extend booked [start, start + T)
-        padding = bucket(T) - T
-        if padding:  # written past the cache's end: masked from every query, overwritten by the next pass
-            input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(-1, padding)], dim=1)  # [B, Tb]
-            position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(-1, padding)], dim=1)
-        cache.reserve(start + T + padding)
-        logits = self._compiled(input_ids, position_ids, cache.valid, torch.tensor(start, device=input_ids.device),
-                                cache.keys, cache.values)  # [B, Tb, V]
-        cache.layer_length = [start + T] * self.decoder.n_layers
-        self.compiled_passes += 1
-        return SimpleNamespace(logits=logits[:, T - logits_to_keep : T])
+        logits, states = compiled
+        kept = logits[:, -logits_to_keep:] if logits_to_keep else logits
+        return SimpleNamespace(logits=kept, hidden_states=dict(zip(hidden_layers, states, strict=True)))
+
+
+class StepCompiler:
+    """runtime.compile=true for a run: one CompiledDecoder per decoder (the target's, and the draft's own
+    models', given by role), the small functions a draft runs besides compiled alike, and what ran
+    compiled per role for summary.json."""
+
+    def __init__(self, mode: str | None, max_tokens: int, backend: str = "inductor"):
+        self.mode, self.max_tokens, self.backend = mode, max_tokens, backend
+        self.decoders: dict[int, tuple[str, CompiledDecoder]] = {}  # id(lean decoder) -> (role, its compiled one)
+        self.calls: dict[str, list[int]] = {}  # role -> [compiled calls] of its functions
+
+    def decoder(self, decoder: LeanDecoder | CompiledDecoder, role: str) -> CompiledDecoder:
+        """The decoder's compiled steps (the same object for the same decoder: a shared early exit runs the target's)."""
+        if id(decoder) in {id(c) for _, c in self.decoders.values()}:
+            return decoder
+        if id(decoder) not in self.decoders:
+            self.decoders[id(decoder)] = (role, CompiledDecoder(decoder, self.mode, self.max_tokens, self.backend))
+        return self.decoders[id(decoder)][1]
+
+    def function(self, fn: Callable, role: str) -> Callable:
+        """``fn`` compiled (a draft's heads over the target's features), its calls counted under ``role``."""
+        compiled = torch.compile(fn, mode=self.mode, fullgraph=True, dynamic=False, backend=self.backend)
+        calls = self.calls.setdefault(role, [0])
+
+        def counted(*args, **kwargs):
+            calls[0] += 1
+            return compiled(*args, **kwargs)
+
+        return counted
+
+    def stats(self) -> dict:
+        """summary.json's record: compiled calls per role, and graphs cudagraph trees declined to run as
+        CUDA graphs (this process's count: under reduce-overhead it should stay 0)."""
+        from torch._dynamo.utils import counters  # imported here: torch._dynamo is slow to import
+
+        passes: dict[str, int] = {}
+        for role, compiled in self.decoders.values():
+            passes[role] = passes.get(role, 0) + compiled.compiled_passes
+        for role, calls in self.calls.items():
+            passes[role] = passes.get(role, 0) + calls[0]
+        return {"compiled_passes": passes, "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"])}

@@ -32,7 +32,7 @@ from specexp.drafts.build import build_draft
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.runtime import round_rows
-from specexp.runtime.compiled import CompiledDecoder
+from specexp.runtime.compiled import CompiledDecoder, StepCompiler
 from specexp.study import intervals, timing
 from specexp.study.divergence import divergence, divergence_line
 from specexp.study.references import greedy_continuations
@@ -58,6 +58,7 @@ class Study:
     forward: Callable  # the target's forward under the runtime (its lean decoder, or the model)
     runtime: dict  # the runtime's settings and matmul plan, recorded in summary.json
     compiled: CompiledDecoder | None = None  # runtime.compile=true: `forward`, compiled (PreparedRuntime.compiled)
+    compiler: StepCompiler | None = None  # runtime.compile=true: what compiled the target's and the draft's steps
     profile: Profile | None = None  # this machine's costs, which the cost model prices rounds with
     draft_name: str = ""  # the draft's entry in the profile
     draft_config: str = ""  # the draft's config name (distilled, target_prefix): summary["draft"]
@@ -96,7 +97,7 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
             )
     study = Study(target, drafter, built.k_max, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
                   cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_name=draft_key(built.config),
-                  draft_config=built.name, compiled=runtime.compiled,
+                  draft_config=built.name, compiled=runtime.compiled, compiler=runtime.compiler,
                   timing=TimingSettings(**cfg.timing))
     if drafter.traits.greedy_only and not sampling.greedy:
         raise UserInputError(f"draft={type(drafter).__name__} needs greedy decoding; set sampling=greedy "
@@ -204,17 +205,30 @@ def _answer_rows(
 
 
 def warm_graphs(study: Study, batches: list[list[int]]) -> None:
-    """runtime.compile=true: compile every graph the timed decodes can take (each batch size's
-    prompt pass, passes of 1..K+1 tokens) before any is timed; a short warm-up decode meets only
-    some, and a graph compiled inside a timed decode (seconds) would be charged to its arm."""
+    """runtime.compile=true: compile every graph the timed decodes take before any is timed, where a
+    graph compiled inside a timed decode (seconds) would be charged to its arm: the target's passes
+    (each batch size's prompt pass, passes of 1..K+1 tokens, of a tree and with the hidden states a
+    feature draft reads), and the draft's own steps, met by a short untimed decode of the first batch
+    of each size at each K."""
     if study.compiled is None:
         return
+    from torch._dynamo.utils import counters  # imported here: torch._dynamo is slow to import
+
+    traits = study.drafter.traits if study.k_max else None
     prompt_lengths = [max(len(study.encoded[i]) for i in indices) for indices in batches]
     capacity = max(prompt_lengths) + study.max_new_tokens + study.k_max + 1  # the longest decode's booking
-    started = time.perf_counter()
-    graphs = study.compiled.warm([len(indices) for indices in batches], [*range(1, study.k_max + 2), *prompt_lengths],
-                                capacity)
-    print(f"[compile] {graphs} graph(s) compiled before timing in {time.perf_counter() - started:.1f} s")
+    started, graphs = time.perf_counter(), counters["stats"]["unique_graphs"]
+    study.compiled.warm([len(indices) for indices in batches], [*range(1, study.k_max + 2), *prompt_lengths], capacity,
+                        tree=traits is not None and traits.branches > 1,
+                        hidden_layers=traits.hidden_layers if traits is not None else ())
+    if traits is not None and traits.models:
+        firsts = {len(indices): indices for indices in reversed(batches)}.values()  # the first batch of each size
+        for indices, k in ((indices, k) for indices in firsts for k in range(1, study.k_max + 1)):
+            generate(study.forward, [study.encoded[i] for i in indices], study.drafter, study.sampling, 2 * k + 3,
+                     study.target.eos_token_ids, torch.Generator(study.target.model.device).manual_seed(study.seed),
+                     study.target.pad_token_id, k_max=k)
+    print(f"[compile] {counters['stats']['unique_graphs'] - graphs} graph(s) compiled before timing in "
+          f"{time.perf_counter() - started:.1f} s")
 
 
 def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -> dict:
@@ -283,7 +297,7 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
     summary.target = target.name
     summary.draft = study.draft_config
     summary.vocab_overlap = drafter.traits.vocab_overlap if drafter is not None else None
-    summary.runtime = study.runtime | ({} if study.compiled is None else study.compiled.stats())
+    summary.runtime = study.runtime | ({} if study.compiler is None else study.compiler.stats())
     summary = summary.to_dict()
     results.finish(summary, rounds_df, batches_df, study.profile.record() if study.profile is not None else None)
     tracker.log_run(summary, rounds_df, all_answers)
