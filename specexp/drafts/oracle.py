@@ -37,8 +37,11 @@ def random_llama(target: LoadedModel, layers: int, hidden: int, seed: int = 0) -
 
 
 class OracleDrafter:
+    """``cost``: a model to run for the draft's cost (a small LM of the shape to study) instead of the random
+    Llama of ``cost_layers`` x ``cost_hidden``."""
+
     def __init__(self, target: LoadedModel, alpha: float | Sequence[float] = 0.6, k: int = 4, cost_layers: int = 2,
-                 cost_hidden: int = 256, seed: int = 0):
+                 cost_hidden: int = 256, seed: int = 0, cost: LoadedModel | None = None):
         check_k(k)
         alphas = [float(alpha)] if isinstance(alpha, int | float) else [float(a) for a in alpha]
         if not alphas or any(not 0.0 <= a <= 1.0 for a in alphas):
@@ -48,7 +51,8 @@ class OracleDrafter:
             raise UserInputError(f"draft.cost_layers={cost_layers}, draft.cost_hidden={cost_hidden} are not allowed; "
                                  "layers >= 0 (0: a free draft) and hidden >= 1")
         self.alphas, self.vocab_size = alphas, target.vocab_size
-        self.cost_model = random_llama(target, cost_layers, cost_hidden, seed) if cost_layers else None
+        self.cost_model = cost if cost is not None else random_llama(target, cost_layers, cost_hidden, seed) \
+            if cost_layers else None
         self.cost = SmallLMDrafter(target, self.cost_model, k=k) if self.cost_model is not None else None
         # acceptance is only set by hand when the rule is greedy's; the study decodes the reference first
         self.traits = DraftTraits(k_max=k, models=self.cost.traits.models if self.cost else (), greedy_only=True,
