@@ -42,6 +42,7 @@ from specexp.costs.hardware_profile import measure_target
 from specexp.drafts.oracle import OracleDrafter
 from specexp.models import LoadedModel
 from specexp.runtime import LeanRuntime, round_rows
+from specexp.runtime.compiled import full_pass
 from specexp.runtime.decoder import lean_decoder
 from specexp.study import intervals
 
@@ -178,12 +179,15 @@ def main() -> None:
                                  for p in prompts)
     runtime = LeanRuntime(compile=True, compile_backend=args.backend, matmul_plan=plan)
     compiled = runtime.prepare(target, probe, round_rows(1, k_max)).forward
+    draft_compiled = runtime.compiler.decoder(lean_decoder(draft.model), "draft")  # the oracle's draft steps run here
+    capacity = args.prompt_tokens + 2 * (args.max_new_tokens + k_max + 1)
+    for model, decoder in ((target, compiled), (draft, draft_compiled)):  # every graph before anything is timed
+        decoder.warm([1], range(1, k_max + 2), capacity, [full_pass(model.model.config.num_hidden_layers)])
     references = [decode(compiled, target, p, None, args.max_new_tokens + k_max).tokens[0] for p in prompts]
     compiled_ms = statistics.median(decode_ms_per_token(decode(compiled, target, p, None, args.max_new_tokens))
                                     for p in prompts)
     context = [args.prompt_tokens + args.max_new_tokens // 2]
     passes = measure_target(compiled, 1, k_max + 1, context, GREEDY, repeats=7)[0][0]  # T(n), n = 1..K+1
-    draft_compiled = runtime.compiler.decoder(lean_decoder(draft.model), "draft")
     draft_step = measure_target(draft_compiled, 1, 1, context, GREEDY, repeats=7)[0][0][0]
     c = draft_step / passes[0]
     costs = record(stage="costs", floor_ms=floor_ms, ar_eager_ms=eager_ms, ar_compiled_ms=compiled_ms,

@@ -60,6 +60,7 @@ def job_lines(job: Path, reference: float | None = None) -> list[str]:
              f"{number(timing.get('speedup_halfwidth'))}, timing noise alone {number(timing.get('noise_halfwidth'))}, "
              f"between batches {number(timing.get('between_batch_halfwidth'))}",
              "- speedup by the arm that ran first: " + ", ".join(f"{arm} first {v:.3f}" for arm, v in first.items()),
+             *runtime_lines(summary.get("runtime") or {}),
              "", "| batch | " + " | ".join(f"timing {r + 1}" for r in sorted(paired["repeat"].unique())) + " |",
              "|---|" + "---|" * paired["repeat"].nunique()]
     for batch, rows in paired.groupby("batch"):
@@ -67,6 +68,15 @@ def job_lines(job: Path, reference: float | None = None) -> list[str]:
         cells = [f"{ratio:.3f} ({arm[0]})" for ratio, arm in zip(ordered["ratio"], ordered["first"], strict=True)]
         lines.append(f"| {batch} | " + " | ".join(cells) + " |")
     return lines + ["", "(per-batch ratio: spec tokens/s over AR tokens/s; in brackets the arm that ran first)", ""]
+
+
+def runtime_lines(runtime: dict) -> list[str]:
+    """runtime.compile=true: its mode and backend, the passes that ran compiled per role, graphs compiled while timing."""
+    if not runtime.get("compile"):
+        return []
+    return [f"- runtime {runtime.get('name')}, compiled ({runtime.get('compile_mode')}, {runtime.get('compile_backend')}): "
+            f"compiled passes {runtime.get('compiled_passes')}, graphs compiled while timing "
+            f"{runtime.get('graphs_compiled_while_timing')}, cudagraph skips {runtime.get('cudagraph_skips')}"]
 
 
 def study_jobs(paths: list[Path]) -> list[Path]:

@@ -11,7 +11,7 @@ from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.runtime import LeanRuntime
-from specexp.runtime.compiled import CAPACITY_STEP, CompiledDecoder, bucket, full_capacity_mask, held_capacity
+from specexp.runtime.compiled import CAPACITY_STEP, CompiledDecoder, bucket, full_capacity_mask, full_pass, held_capacity
 from specexp.runtime.decoder import lean_decoder
 from tests.conftest import tiny_model
 from tests.drafters import ScriptedK, make_drafter
@@ -49,7 +49,7 @@ def test_compiled_passes_decode_exactly_as_transformers(tmp_path, monkeypatch):
     assert prepared.record["compile"] and prepared.record["compile_mode"] == "default"
     longest = max(map(len, prompts))  # the left-padded prompt pass's
     capacity = longest + 20 + 3 + 1  # the longest decode's booking (k = 3)
-    assert prepared.forward.warm([3], [*range(1, 5), longest], capacity) == len({1, 2, 4, bucket(longest)})
+    assert prepared.forward.warm([3], [*range(1, 5), longest], capacity, [full_pass(2)]) == len({1, 2, 4, bucket(longest)})
     with torch.inference_mode():  # as the engine asks for it (warm made its buffers there)
         held = prepared.forward.held_cache(3, capacity, torch.device("cpu"))
     graphs = counters["stats"]["unique_graphs"]

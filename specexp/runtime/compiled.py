@@ -31,6 +31,7 @@ model for summary.json.
 
 from collections.abc import Callable, Iterable
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +89,21 @@ def held_capacity(slots: int, max_tokens: int) -> int:
     return -(-(slots + max_tokens) // CAPACITY_STEP) * CAPACITY_STEP
 
 
+class StepKind(NamedTuple):
+    """What a compiled step is, besides its shapes: one graph per kind, bucket and batch size."""
+
+    layers: range  # the layers it runs
+    embed: bool  # from token ids (else from hidden states)
+    head: bool  # to logits (else to hidden states)
+    hidden_layers: tuple[int, ...]  # the hidden states it returns too
+    masked: bool  # with a mask of its own (a token tree's), else causal
+
+
+def full_pass(n_layers: int, hidden_layers: tuple[int, ...] = (), masked: bool = False) -> StepKind:
+    """A pass of the whole model from ids to logits (the target's, a small LM's)."""
+    return StepKind(range(n_layers), True, True, tuple(hidden_layers), masked)
+
+
 def pad_tokens(x: torch.Tensor, padding: int) -> torch.Tensor:
     """[B, T, ...] -> [B, T + padding, ...], the last token repeated."""
     return torch.cat([x, x[:, -1:].expand(-1, padding, *x.shape[2:])], dim=1) if padding else x
@@ -110,6 +126,7 @@ class CompiledDecoder:
         self._compiled = torch.compile(self._step, mode=mode, fullgraph=True, dynamic=False, backend=backend)
         self._held: dict[int, StaticRaggedKV] = {}  # batch size -> the cache every decode of it uses
         self._slot_numbers: torch.Tensor | None = None  # [C]: slot i's number, on the device (``start`` is a view)
+        self.kinds: set[StepKind] = set()  # the kinds of step it has run compiled (``warm`` compiles their buckets)
 
     def held_cache(self, batch_size: int, capacity: int, device: torch.device) -> StaticRaggedKV:
         """The cache for a decode of ``batch_size`` rows booking up to ``capacity`` slots: the one held
@@ -148,51 +165,29 @@ class CompiledDecoder:
         return {"compiled_passes": self.compiled_passes}
 
     @torch.inference_mode()  # as the engine runs its passes (a graph compiled for autograd would not serve them)
-    def warm(self, batch_sizes: Iterable[int], pass_tokens: Iterable[int], capacity: int, tree: bool = False,
-             hidden_layers: tuple[int, ...] = ()) -> int:
-        """Compile (on CUDA also record) the graph of every bucket that passes over ``pass_tokens``
-        new tokens take, for each batch size, on the held caches at ``capacity`` (``tree``: a token
-        tree's pass too; ``hidden_layers``: passes returning them): the first call of a graph
-        compiles it, which no timed decode should pay. Returns the graphs warmed."""
+    def warm(self, batch_sizes: Iterable[int], pass_tokens: Iterable[int], capacity: int,
+             kinds: Iterable[StepKind] | None = None) -> int:
+        """Compile (on CUDA also record) the graph of every bucket that steps over ``pass_tokens`` new
+        tokens take, for each batch size and each kind of step (``kinds``; None: every kind this decoder
+        has run), on the held caches at ``capacity``: the first call of a graph compiles it, which no
+        timed decode should pay. Returns the graphs warmed."""
         if self.windowed:  # its passes all run eagerly
             return 0
         buckets = sorted({bucket(t) for t in pass_tokens if 0 < t <= self.max_tokens})
-        sizes, graphs = sorted(set(batch_sizes)), 0
+        kinds = sorted(set(self.kinds if kinds is None else kinds), key=str)
+        sizes, hidden_size = sorted(set(batch_sizes)), self.config.get_text_config().hidden_size
+        for batch_size, tokens, kind in ((b, t, k) for b in sizes for t in buckets for k in kinds):
+            cache = self.held_cache(batch_size, capacity, self.device)
+            shape = (batch_size, tokens) if kind.embed else (batch_size, tokens, hidden_size)
+            inputs = torch.zeros(shape, dtype=torch.long if kind.embed else self.dtype, device=self.device)
+            positions = torch.zeros(batch_size, tokens, dtype=torch.long, device=self.device)
+            mask = torch.ones(batch_size, 1, tokens, cache.capacity, dtype=torch.bool, device=self.device) \
+                if kind.masked else None
+            self._compiled(inputs, positions, cache.valid, self._slot_numbers[0], cache.keys, cache.values, mask,
+                           kind.layers, kind.embed, kind.head, kind.hidden_layers)
         for batch_size in sizes:
-            for tokens in buckets:
-                for parents in [None] + ([torch.full((batch_size, tokens - 1), -1)] if tree and tokens > 1 else []):
-                    kv = self.held_cache(batch_size, capacity, self.device)
-                    ids = torch.zeros(batch_size, tokens, dtype=torch.long, device=self.device)  # [B, Tb]
-                    parents = None if parents is None else parents.to(self.device)  # a tip and its children
-                    if hidden_layers:
-                        kv.forward_features(self, ids, hidden_layers, parents=parents)
-                    else:
-                        kv.forward(self, ids, parents=parents)
-                    graphs += 1
             self.held_cache(batch_size, capacity, self.device)  # left cleared
-        return graphs
-
-    def warm_layers(self, batch_sizes: Iterable[int], pass_tokens: Iterable[int], capacity: int, layers: range,
-                    tree: bool = False) -> int:
-        """``warm`` for runs of ``layers`` from hidden states (an EAGLE head's layer, an early exit's)."""
-        if self.windowed:
-            return 0
-        buckets = sorted({bucket(t) for t in pass_tokens if 0 < t <= self.max_tokens})
-        graphs = 0
-        with torch.inference_mode():
-            for batch_size in sorted(set(batch_sizes)):
-                for tokens in buckets:
-                    for masked in [False] + ([True] if tree else []):
-                        kv = self.held_cache(batch_size, capacity, self.device)
-                        hidden = torch.zeros(batch_size, tokens, self.config.get_text_config().hidden_size,
-                                             dtype=self.dtype, device=self.device)
-                        positions = kv.extend(torch.ones(batch_size, tokens, dtype=torch.long, device=self.device))
-                        mask = torch.ones(batch_size, 1, tokens, tokens, dtype=torch.bool, device=self.device) \
-                            if masked else None
-                        self.run_layers(hidden, layers, kv, kv.mask, positions, mask=mask)
-                        graphs += 1
-                self.held_cache(batch_size, capacity, self.device)
-        return graphs
+        return len(sizes) * len(buckets) * len(kinds)
 
     def _step(self, inputs: torch.Tensor, position_ids: torch.Tensor, valid: torch.Tensor, start: torch.Tensor,
               keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, layers: range, embed: bool,
@@ -219,6 +214,7 @@ class CompiledDecoder:
         starts = {cache.layer_length[i] for i in layers} if self.holds(cache) else set()
         if len(starts) != 1 or T > self.max_tokens or self.windowed:
             return None
+        self.kinds.add(StepKind(layers, embed, head, hidden_layers, mask is not None))
         start = starts.pop()  # the new tokens' slots [start, start + T): booked by extend, or a draft's own
         padding = bucket(T) - T
         cache.reserve(start + T + padding)
@@ -270,6 +266,7 @@ class StepCompiler:
         self.mode, self.max_tokens, self.backend = mode, max_tokens, backend
         self.decoders: dict[int, tuple[str, CompiledDecoder]] = {}  # id(lean decoder) -> (role, its compiled one)
         self.calls: dict[str, list[int]] = {}  # role -> [compiled calls] of its functions
+        self.graphs_at_timing: int | None = None  # graphs compiled in this process when timing began
 
     def decoder(self, decoder: LeanDecoder | CompiledDecoder, role: str) -> CompiledDecoder:
         """The decoder's compiled steps (the same object for the same decoder: a shared early exit runs the target's)."""
@@ -290,14 +287,27 @@ class StepCompiler:
 
         return counted
 
-    def stats(self) -> dict:
-        """summary.json's record: compiled calls per role, and graphs cudagraph trees declined to run as
-        CUDA graphs (this process's count: under reduce-overhead it should stay 0)."""
+    def warm(self, batch_sizes: Iterable[int], pass_tokens: Iterable[int], capacity: int) -> int:
+        """Every decoder's graphs for every bucket of ``pass_tokens``, of each kind of step it has run."""
+        return sum(compiled.warm(batch_sizes, pass_tokens, capacity) for _, compiled in self.decoders.values())
+
+    def timing_begins(self) -> None:
+        """From here on a study times: a graph compiled later is charged to an arm (counted in ``stats``)."""
         from torch._dynamo.utils import counters  # imported here: torch._dynamo is slow to import
 
+        self.graphs_at_timing = counters["stats"]["unique_graphs"]
+
+    def stats(self) -> dict:
+        """summary.json's record: compiled calls per role, graphs compiled after timing began (none should
+        be), and graphs cudagraph trees declined to run as CUDA graphs (this process's count: under
+        reduce-overhead it should stay 0)."""
+        from torch._dynamo.utils import counters  # imported here: torch._dynamo is slow to import
+
+        while_timing = None if self.graphs_at_timing is None else counters["stats"]["unique_graphs"] - self.graphs_at_timing
         passes: dict[str, int] = {}
         for role, compiled in self.decoders.values():
             passes[role] = passes.get(role, 0) + compiled.compiled_passes
         for role, calls in self.calls.items():
             passes[role] = passes.get(role, 0) + calls[0]
-        return {"compiled_passes": passes, "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"])}
+        return {"compiled_passes": passes, "graphs_compiled_while_timing": while_timing,
+                "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"])}

@@ -32,7 +32,7 @@ from specexp.drafts.build import build_draft
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
 from specexp.runtime import round_rows
-from specexp.runtime.compiled import CompiledDecoder, StepCompiler
+from specexp.runtime.compiled import CompiledDecoder, StepCompiler, full_pass
 from specexp.study import intervals, timing
 from specexp.study.divergence import divergence, divergence_line
 from specexp.study.references import greedy_continuations
@@ -208,25 +208,29 @@ def warm_graphs(study: Study, batches: list[list[int]]) -> None:
     """runtime.compile=true: compile every graph the timed decodes take before any is timed, where a
     graph compiled inside a timed decode (seconds) would be charged to its arm: the target's passes
     (each batch size's prompt pass, passes of 1..K+1 tokens, of a tree and with the hidden states a
-    feature draft reads), and the draft's own steps, met by a short untimed decode of the first batch
-    of each size at each K."""
+    feature draft reads), and the draft's own steps: each kind of step a short untimed decode of the
+    first batch of each size at each K meets, over 1..K+1 tokens. (A draft's feed after more rounds
+    without it than that, under draft.k=auto, can still meet a new bucket: summary.json counts it.)"""
     if study.compiled is None:
         return
     from torch._dynamo.utils import counters  # imported here: torch._dynamo is slow to import
 
     traits = study.drafter.traits if study.k_max else None
+    sizes = [len(indices) for indices in batches]
     prompt_lengths = [max(len(study.encoded[i]) for i in indices) for indices in batches]
     capacity = max(prompt_lengths) + study.max_new_tokens + study.k_max + 1  # the longest decode's booking
     started, graphs = time.perf_counter(), counters["stats"]["unique_graphs"]
-    study.compiled.warm([len(indices) for indices in batches], [*range(1, study.k_max + 2), *prompt_lengths], capacity,
-                        tree=traits is not None and traits.branches > 1,
-                        hidden_layers=traits.hidden_layers if traits is not None else ())
+    hidden = traits.hidden_layers if traits is not None else ()
+    trees = [False] + ([True] if traits is not None and traits.branches > 1 else [])
+    study.compiled.warm(sizes, [*range(1, study.k_max + 2), *prompt_lengths], capacity,
+                        [full_pass(study.compiled.n_layers, layers, tree) for layers in {(), hidden} for tree in trees])
     if traits is not None and traits.models:
         firsts = {len(indices): indices for indices in reversed(batches)}.values()  # the first batch of each size
         for indices, k in ((indices, k) for indices in firsts for k in range(1, study.k_max + 1)):
             generate(study.forward, [study.encoded[i] for i in indices], study.drafter, study.sampling, 2 * k + 3,
                      study.target.eos_token_ids, torch.Generator(study.target.model.device).manual_seed(study.seed),
                      study.target.pad_token_id, k_max=k)
+        study.compiler.warm(sizes, range(1, study.k_max + 2), capacity)  # each kind of step those met, every size
     print(f"[compile] {counters['stats']['unique_graphs'] - graphs} graph(s) compiled before timing in "
           f"{time.perf_counter() - started:.1f} s")
 
@@ -258,6 +262,8 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
             decode(batches[0], with_draft, study.seed, min(study.max_new_tokens, WARMUP_TOKENS), None)
 
     rounds, batch_records, all_answers, policies = [], [], [], []
+    if study.compiler is not None:
+        study.compiler.timing_begins()
     started = time.perf_counter()
     progress = tqdm(batches, desc="prompts", unit="batch", dynamic_ncols=True)
     for n, indices in enumerate(progress):  # the first pass: what is decoded, and its timings

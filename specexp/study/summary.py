@@ -118,7 +118,8 @@ class RunSummary(ArmMetrics):
     target: str | None = metric("the target's name", collected=True)
     draft: str | None = metric("the draft's config name (conf/draft/NAME.yaml: distilled, target_prefix)")
     vocab_overlap: float | None = metric("share of the draft's vocabulary the target's holds", collected=True)
-    runtime: dict | None = metric("the runtime's settings and counters")
+    runtime: dict | None = metric("the runtime's settings and counters (runtime.compile=true: compiled_passes per "
+                                  "role, target and draft)")
     status: str | None = metric("ok: the job's files are all written (study/tracking.JobResults.finish)")
     config_hash: str | None = metric("the job's config, hashed: a rerun of the same config in the same folder "
                                      "skips the finished job")
