@@ -199,8 +199,8 @@ def read_round(state: Decoding, proposal: Proposal, n_accepted: torch.Tensor, n_
     if chain:
         order = np.arange(K)
         seen["path"] = np.where(order < seen["n_accepted"][:, None], order, -1)
-    for b in np.nonzero(seen["n_emitted"])[0]:
-        host.tokens[b, host.lengths[b] : host.lengths[b] + seen["n_emitted"][b]] = seen["new"][b, : seen["n_emitted"][b]]
+    rows, offsets = np.nonzero(np.arange(seen["new"].shape[1]) < seen["n_emitted"][:, None])  # each committed token
+    host.tokens[rows, host.lengths[rows] + offsets] = seen["new"][rows, offsets]
     host.lengths = host.lengths + seen["n_emitted"]
     host.done, host.n_accepted = seen["done"], seen["n_accepted"]
     return RoundSeen(n_proposed=seen["n_proposed"], depth=seen["depth"], n_accepted=seen["n_accepted"],
