@@ -102,8 +102,10 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def decode(forward, target: LoadedModel, prompt: list[int], drafter, max_new: int) -> GenerationOutput:
-    return generate(forward, [prompt], drafter, GREEDY, max_new, [], torch.Generator(target.model.device).manual_seed(0))
+def decode(forward, target: LoadedModel, prompt: list[int], drafter, max_new: int, settle=None) -> GenerationOutput:
+    """A greedy decode; ``settle``: the round's verify and commit compiled (runtime.compile=true)."""
+    return generate(forward, [prompt], drafter, GREEDY, max_new, [], torch.Generator(target.model.device).manual_seed(0),
+                    compiled_settle=settle)
 
 
 def decode_ms_per_token(out: GenerationOutput) -> float:
@@ -116,18 +118,18 @@ def analytic_speedup(alpha: float, k: int, c: float, v: float) -> float:
     return metrics.expected_tokens_per_round(alpha, k) / (k * c + v)
 
 
-def timed_pair(forward, target: LoadedModel, prompts: list[list[int]], drafter, max_new: int,
-               repeats: int) -> tuple[dict, list[GenerationOutput]]:
+def timed_pair(forward, target: LoadedModel, prompts: list[list[int]], drafter, max_new: int, repeats: int,
+               settle) -> tuple[dict, list[GenerationOutput]]:
     """Compiled AR and the speculative decode of every prompt, A B B A (the leading arm alternating by
     prompt and pass): the speedup and its interval (study/intervals.py), and the speculative outputs."""
     records, spec_outs = [], []
     for arm in (None, drafter):
-        decode(forward, target, prompts[0], arm, 4)  # first calls of a configuration: untimed
+        decode(forward, target, prompts[0], arm, 4, settle)  # first calls of a configuration: untimed
     for rep in range(repeats):
         for p, prompt in enumerate(prompts):
             order = [drafter, None] if (p + rep) % 2 else [None, drafter]
             for j, arm in enumerate(order + order[::-1]):
-                out = decode(forward, target, prompt, arm, max_new)
+                out = decode(forward, target, prompt, arm, max_new, settle)
                 records.append({"mode": "ar" if arm is None else "spec", "batch": p, "repeat": 2 * rep + j // 2,
                                 "tokens": len(out.tokens[0]), "total_s": out.total_s})
                 if arm is not None:
@@ -183,8 +185,11 @@ def main() -> None:
     capacity = args.prompt_tokens + 2 * (args.max_new_tokens + k_max + 1)
     for model, decoder in ((target, compiled), (draft, draft_compiled)):  # every graph before anything is timed
         decoder.warm([1], range(1, k_max + 2), capacity, [full_pass(model.model.config.num_hidden_layers)])
-    references = [decode(compiled, target, p, None, args.max_new_tokens + k_max).tokens[0] for p in prompts]
-    compiled_ms = statistics.median(decode_ms_per_token(decode(compiled, target, p, None, args.max_new_tokens))
+    settle = runtime.compiler.settle  # a round's verify and commit, compiled
+    runtime.compiler.warm_settle([1], range(k_max + 1), target_shape["vocab_size"],
+                                 torch.zeros(0, dtype=torch.long, device=device))
+    references = [decode(compiled, target, p, None, args.max_new_tokens + k_max, settle).tokens[0] for p in prompts]
+    compiled_ms = statistics.median(decode_ms_per_token(decode(compiled, target, p, None, args.max_new_tokens, settle))
                                     for p in prompts)
     context = [args.prompt_tokens + args.max_new_tokens // 2]
     passes = measure_target(compiled, 1, k_max + 1, context, GREEDY, repeats=7)[0][0]  # T(n), n = 1..K+1
@@ -201,7 +206,7 @@ def main() -> None:
             drafter = OracleDrafter(target, alpha=alpha, k=k, cost=draft, seed=int(100 * alpha) + k)
             drafter.compile_steps(runtime.compiler)
             drafter.set_reference(prompts, references)
-            speedup, outs = timed_pair(compiled, target, prompts, drafter, args.max_new_tokens, args.repeats)
+            speedup, outs = timed_pair(compiled, target, prompts, drafter, args.max_new_tokens, args.repeats, settle)
             proposed, accepted = (np.concatenate([getattr(o, name).flatten().numpy() for o in outs])
                                   for name in ("n_proposed", "n_accepted"))
             rounds = sum(len(o.k_chosen) for o in outs)

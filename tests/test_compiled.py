@@ -120,7 +120,7 @@ COMPILED_KINDS = ["disagree", "target_prefix", "distilled_like", "small_lm_tree"
 def compiled_decode(target, drafter, prompts, backend: str, sampling=GREEDY, k_policy=None):
     prepared = LeanRuntime(compile=True, compile_backend=backend, matmul_plan=False).prepare(target, drafter, [1, 2, 3])
     out = generate(prepared.forward, prompts, drafter, sampling, 20, NO_EOS, torch.Generator().manual_seed(0),
-                   k_policy=k_policy)
+                   k_policy=k_policy, compiled_settle=prepared.compiler.settle)
     return out, prepared.compiler.stats()["compiled_passes"]
 
 
@@ -132,7 +132,7 @@ def test_compiled_draft_steps_decode_greedily_as_the_target_alone(target, other_
     drafter = make_drafter(kind, target, other_draft, 4, ngram_files)
     out, passes = compiled_decode(target, drafter, prompts, "eager", k_policy=ScriptedK(seed=len(kind)))
     assert out.tokens == alone.tokens
-    assert passes["target"] > 0 and passes["draft"] > 0, passes
+    assert passes["target"] > 0 and passes["draft"] > 0 and passes["verify"] > 0, passes
 
 
 def test_compiled_draft_steps_under_inductor_decode_as_the_target_alone(target, other_draft, prompts, ngram_files):

@@ -6,6 +6,7 @@ with no draft (K = 0: each round is one target pass over the tip and a "bonus" t
 both are timed by the same code.
 """
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,10 +67,11 @@ def _first_true(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x, idx, N).min(-1).values
 
 
-def _commit(ctx: Context, new: torch.Tensor, n_accepted: torch.Tensor, eos: torch.Tensor, max_new_tokens: int,
-            generated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Commit x_1..x_n and the resampled/bonus token of each row ([B, K+1] ``new``), cut after
-    an EOS and at max_new_tokens; finished rows commit nothing. Returns (n_emitted, generated)."""
+def commit(lengths: torch.Tensor, done: torch.Tensor, new: torch.Tensor, n_accepted: torch.Tensor, eos: torch.Tensor,
+           limit: torch.Tensor, generated: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """How many of x_1..x_n and the resampled/bonus token ([B, K+1] ``new``) each row commits: cut after
+    an EOS and at ``limit`` new tokens (0-d), nothing for finished rows. Returns (n_emitted, lengths,
+    done, generated) after the commit."""
     K = new.shape[1] - 1
     n_emit = n_accepted + 1
     offsets = torch.arange(K + 1, device=new.device)
@@ -77,14 +79,32 @@ def _commit(ctx: Context, new: torch.Tensor, n_accepted: torch.Tensor, eos: torc
     first_eos = _first_true(is_eos)  # [B]
     hit_eos = first_eos <= K
     n_emit = torch.where(hit_eos, first_eos + 1, n_emit)
-    n_emit = torch.minimum(n_emit, max_new_tokens - generated)
-    active = ~ctx.done
+    n_emit = torch.minimum(n_emit, limit - generated)
+    active = ~done
     n_emit = torch.where(active, n_emit, 0)
-    ctx.tokens.scatter_(1, ctx.lengths[:, None] + offsets, new)  # slots past lengths + n_emit stay scratch
-    ctx.lengths = ctx.lengths + n_emit
     generated = generated + n_emit
-    ctx.done = ctx.done | (active & hit_eos) | (generated >= max_new_tokens)
-    return n_emit, generated
+    return n_emit, lengths + n_emit, done | (active & hit_eos) | (generated >= limit), generated
+
+
+def write_committed(committed: torch.Tensor, lengths: torch.Tensor, new: torch.Tensor) -> None:
+    """Write each row's ``new`` [B, D+1] after its committed tokens in ``committed`` [B, S]; slots past
+    what `commit` counted stay scratch."""
+    committed.scatter_(1, lengths[:, None] + torch.arange(new.shape[1], device=new.device), new)
+
+
+def settle(tokens: torch.Tensor, parents: torch.Tensor | None, draft_probs: torch.Tensor, p: torch.Tensor,
+           rule: Callable, lengths: torch.Tensor, done: torch.Tensor, generated: torch.Tensor, eos: torch.Tensor,
+           limit: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Steps 3 and 4 of a round as one function of tensors: ``rule`` (`greedy_verify`, or `tree_verify`
+    with the generator) gives the accepted path [B, D] through the proposal against ``p``, then the
+    path's tokens and the next token are counted for the commit (`commit`). Returns (path, n_accepted,
+    next_token, new [B, D+1], n_emitted, lengths, done, generated). runtime.compile=true runs greedy
+    rounds' through a compiled copy (a sampled round's draws take a torch.Generator, which torch.compile
+    cannot trace)."""
+    path, n_accepted, next_token = rule(tokens, parents, draft_probs, p)
+    new = torch.cat([tokens.gather(1, path.clamp_min(0)), next_token[:, None]], dim=1)  # [B, D+1]
+    new.scatter_(1, n_accepted[:, None], next_token[:, None])
+    return path, n_accepted, next_token, new, *commit(lengths, done, new, n_accepted, eos, limit, generated)
 
 
 def keep_features(ctx: Context, features: torch.Tensor, path: torch.Tensor, active: torch.Tensor) -> None:
@@ -108,10 +128,12 @@ class Decoding:
     tip: torch.Tensor  # [B] the last committed token, whose p the next pass gives
     generated: torch.Tensor  # [B] new tokens committed per row
     eos: torch.Tensor  # [E] ids that end a row
-    max_new_tokens: int
+    limit: torch.Tensor  # () max_new_tokens, on the device
     prompt_width: int  # P: the left-padded prompts' slots; new tokens start there
     vocab_size: int  # V of p (and of every q)
     hidden_layers: tuple[int, ...]  # the target's hidden states a feature draft reads; () none
+    rule: Callable  # the verify rule for this decode's sampling (greedy_verify, or tree_verify with its generator)
+    settle: Callable  # `settle`, or (greedy, runtime.compile=true) its compiled copy
     rounds: list[RoundSeen] = field(default_factory=list)  # what the host read back of each round
 
 
@@ -120,7 +142,7 @@ ROUND_STATS = ("n_proposed", "depth", "n_accepted", "n_emitted", "active", "grou
 
 def prompt_pass(target: Callable, prompts: list[list[int]], sampling: SamplingConfig, max_new_tokens: int, k_max: int,
                 eos_token_ids: list[int], hidden_layers: tuple[int, ...], generator: torch.Generator | None,
-                pad_token_id: int) -> Decoding:
+                pad_token_id: int, compiled_settle: Callable | None = None) -> Decoding:
     """One target pass over the left-padded prompts gives p for the first new token: a round
     without a draft. From then on the target cache holds every committed token but the tip."""
     device = target.device
@@ -141,12 +163,16 @@ def prompt_pass(target: Callable, prompts: list[list[int]], sampling: SamplingCo
         logits = kv.forward(target, prompt_ids, prompt_mask)
     vocab_size = target.config.get_text_config().vocab_size
     no_draft = Proposal.empty(B, vocab_size, device)
-    _, _, tip = verify(no_draft.tokens, None, no_draft.probs, target_distribution(logits.to(device), sampling), sampling,
-                       generator)  # [B]
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
-    decoding = Decoding(ctx, kv, tip, torch.zeros(B, dtype=torch.long, device=device), eos, max_new_tokens, P, vocab_size,
-                        hidden_layers)
-    _, decoding.generated = _commit(ctx, tip[:, None], torch.zeros_like(tip), eos, max_new_tokens, decoding.generated)
+    rule = greedy_verify if sampling.greedy else functools.partial(tree_verify, generator=generator)
+    limit = torch.tensor(max_new_tokens, device=device)
+    _, _, tip, new, _, lengths, ctx.done, generated = settle(
+        no_draft.tokens, None, no_draft.probs, target_distribution(logits.to(device), sampling), rule, ctx.lengths,
+        ctx.done, torch.zeros(B, dtype=torch.long, device=device), eos, limit)  # tip [B]
+    write_committed(ctx.tokens, ctx.lengths, new)
+    ctx.lengths = lengths
+    decoding = Decoding(ctx, kv, tip, generated, eos, limit, P, vocab_size, hidden_layers, rule,
+                        settle if compiled_settle is None or not sampling.greedy else compiled_settle)
     first = read_back(tip=tip, done=ctx.done)  # the batch's first readback: the host learns the first token
     tokens = np.full(tuple(buf.shape), pad_token_id, dtype=np.int64)
     for b, prompt in enumerate(prompts):
@@ -161,14 +187,6 @@ def target_distribution(logits: torch.Tensor, sampling: SamplingConfig) -> torch
     """p from the target's logits [B, n, V]: the warped probabilities [B, n, V], or under greedy
     decoding, where p is one-hot, its hot ids [B, n] (no vocabulary-wide tensor)."""
     return logits.argmax(-1) if sampling.greedy else logits_to_probs(logits, sampling)
-
-
-def verify(tokens: torch.Tensor, parents: torch.Tensor | None, draft_probs: torch.Tensor, p: torch.Tensor,
-           sampling: SamplingConfig, generator: torch.Generator | None) -> tuple[torch.Tensor, ...]:
-    """The rule on a proposal (core/verify.py) against ``p`` as `target_distribution` gives it."""
-    if sampling.greedy:
-        return greedy_verify(tokens, parents, draft_probs, p)
-    return tree_verify(tokens, parents, draft_probs, p, generator)
 
 
 def target_pass(target: Callable, drafter: Drafter | None, state: Decoding, proposal: Proposal,
@@ -229,16 +247,16 @@ def decode_round(target: Callable, drafter: Drafter | None, state: Decoding, k_r
     p = target_distribution(logits.to(device), sampling)  # a device_map target's logits are on its last device
     mark()
 
-    # 3. Verify: the accepted path [B, D] through the tree (a chain's: 0..n-1).
-    path, n_accepted, next_token = verify(proposal.tokens, proposal.parents, proposal.probs, p, sampling, generator)
+    # 3. Verify: the accepted path [B, D] through the tree (a chain's: 0..n-1); 4. commit the path's tokens
+    # x_1..x_n then next_token (and the tip's and path's hidden states).
+    path, n_accepted, next_token, new, n_emit, lengths, done, state.generated = state.settle(
+        proposal.tokens, proposal.parents, proposal.probs, p, state.rule, ctx.lengths, ctx.done, state.generated,
+        state.eos, state.limit)
     proposal.accepted_path = path
-
-    # 4. Commit the path's tokens x_1..x_n then next_token (and the tip's and path's hidden states).
     if state.hidden_layers:
         keep_features(ctx, features, path, ~ctx.done)
-    new = torch.cat([proposal.tokens.gather(1, path.clamp_min(0)), next_token[:, None]], dim=1)  # [B, D+1]
-    new.scatter_(1, n_accepted[:, None], next_token[:, None])
-    n_emit, state.generated = _commit(ctx, new, n_accepted, state.eos, state.max_new_tokens, state.generated)
+    write_committed(ctx.tokens, ctx.lengths, new)
+    ctx.lengths, ctx.done = lengths, done
 
     # 5. The one readback: accepted and committed counts, done, the new tokens.
     seen = read_round(state, proposal, n_accepted, n_emit, new, path, active)
@@ -311,12 +329,14 @@ def generate(
     clock: Callable[[], float] = time.perf_counter,
     k_policy: KPolicy | None = None,
     k_max: int | None = None,
+    compiled_settle: Callable | None = None,
 ) -> GenerationOutput:
     """Decode a batch of prompts speculatively (or autoregressively when drafter is None).
 
     Each round asks the draft for ``k_max`` tokens (None: its ``traits.k_max``; 0: never ask it,
     the A/A control with the draft built); ``k_policy`` chooses each round's K up to that instead
-    (0 runs the round without the draft) and may shorten the proposal.
+    (0 runs the round without the draft) and may shorten the proposal. ``compiled_settle``: `settle`
+    compiled (runtime.compile=true), which greedy rounds run through.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
@@ -329,7 +349,7 @@ def generate(
     start_time = clock()
     phases.mark()
     state = prompt_pass(target, prompts, sampling, max_new_tokens, k_max, eos_token_ids, hidden_layers, generator,
-                        pad_token_id)
+                        pad_token_id, compiled_settle)
     if drafter is not None and drafter.traits.shares_target_pass:
         drafter.attach(state.kv)
     if drafter is not None:

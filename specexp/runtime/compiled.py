@@ -36,7 +36,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from specexp.core.engine import settle
 from specexp.core.kv import ForwardTraits, StaticRaggedKV, declares_forward
+from specexp.core.verify import greedy_verify
 from specexp.runtime.decoder import LeanDecoder, rms_norm
 
 # torch.compile specialises a graph per bucket, batch size and kind of step, all of one code object:
@@ -267,6 +269,8 @@ class StepCompiler:
         self.decoders: dict[int, tuple[str, CompiledDecoder]] = {}  # id(lean decoder) -> (role, its compiled one)
         self.calls: dict[str, list[int]] = {}  # role -> [compiled calls] of its functions
         self.graphs_at_timing: int | None = None  # graphs compiled in this process when timing began
+        # a greedy round's verify and commit (engine.settle), fused; without CUDA graphs: it reads the decode's own tensors
+        self.settle = self.function(settle, "verify", cuda_graphs=False)
 
     def decoder(self, decoder: LeanDecoder | CompiledDecoder, role: str) -> CompiledDecoder:
         """The decoder's compiled steps (the same object for the same decoder: a shared early exit runs the target's)."""
@@ -276,9 +280,11 @@ class StepCompiler:
             self.decoders[id(decoder)] = (role, CompiledDecoder(decoder, self.mode, self.max_tokens, self.backend))
         return self.decoders[id(decoder)][1]
 
-    def function(self, fn: Callable, role: str) -> Callable:
-        """``fn`` compiled (a draft's heads over the target's features), its calls counted under ``role``."""
-        compiled = torch.compile(fn, mode=self.mode, fullgraph=True, dynamic=False, backend=self.backend)
+    def function(self, fn: Callable, role: str, cuda_graphs: bool = True) -> Callable:
+        """``fn`` compiled (a draft's heads over the target's features), its calls counted under ``role``;
+        ``cuda_graphs=False``: never replayed as a CUDA graph (inputs at new addresses every decode)."""
+        mode = self.mode if cuda_graphs or self.mode != "reduce-overhead" else "default"
+        compiled = torch.compile(fn, mode=mode, fullgraph=True, dynamic=False, backend=self.backend)
         calls = self.calls.setdefault(role, [0])
 
         def counted(*args, **kwargs):
@@ -290,6 +296,18 @@ class StepCompiler:
     def warm(self, batch_sizes: Iterable[int], pass_tokens: Iterable[int], capacity: int) -> int:
         """Every decoder's graphs for every bucket of ``pass_tokens``, of each kind of step it has run."""
         return sum(compiled.warm(batch_sizes, pass_tokens, capacity) for _, compiled in self.decoders.values())
+
+    @torch.inference_mode()
+    def warm_settle(self, batch_sizes: Iterable[int], ks: Iterable[int], vocab_size: int, eos: torch.Tensor,
+                    tree: bool = False) -> None:
+        """Compile the greedy ``settle`` for each batch size and proposal width K (a tree's too), on dummy rounds."""
+        device = eos.device
+        for B, K in ((b, k) for b in sorted(set(batch_sizes)) for k in sorted(set(ks))):
+            for parents in [None] + ([torch.full((B, K), -1, device=device)] if tree and K else []):
+                zeros = torch.zeros(B, dtype=torch.long, device=device)
+                self.settle(torch.zeros(B, K, dtype=torch.long, device=device), parents,
+                            torch.zeros(B, K, vocab_size, device=device), torch.zeros(B, K + 1, dtype=torch.long, device=device),
+                            greedy_verify, zeros, zeros.bool(), zeros, eos, torch.tensor(1, device=device))
 
     def timing_begins(self) -> None:
         """From here on a study times: a graph compiled later is charged to an arm (counted in ``stats``)."""

@@ -224,12 +224,15 @@ def warm_graphs(study: Study, batches: list[list[int]]) -> None:
     trees = [False] + ([True] if traits is not None and traits.branches > 1 else [])
     study.compiled.warm(sizes, [*range(1, study.k_max + 2), *prompt_lengths], capacity,
                         [full_pass(study.compiled.n_layers, layers, tree) for layers in {(), hidden} for tree in trees])
+    if study.sampling.greedy:  # a greedy round's verify and commit, for every proposal width
+        eos = torch.tensor(study.target.eos_token_ids, dtype=torch.long, device=study.target.model.device)
+        study.compiler.warm_settle(sizes, range(study.k_max + 1), study.target.vocab_size, eos, tree=trees[-1])
     if traits is not None and traits.models:
         firsts = {len(indices): indices for indices in reversed(batches)}.values()  # the first batch of each size
         for indices, k in ((indices, k) for indices in firsts for k in range(1, study.k_max + 1)):
             generate(study.forward, [study.encoded[i] for i in indices], study.drafter, study.sampling, 2 * k + 3,
                      study.target.eos_token_ids, torch.Generator(study.target.model.device).manual_seed(study.seed),
-                     study.target.pad_token_id, k_max=k)
+                     study.target.pad_token_id, k_max=k, compiled_settle=study.compiler.settle)
         study.compiler.warm(sizes, range(1, study.k_max + 2), capacity)  # each kind of step those met, every size
     print(f"[compile] {counters['stats']['unique_graphs'] - graphs} graph(s) compiled before timing in "
           f"{time.perf_counter() - started:.1f} s")
@@ -245,7 +248,8 @@ def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -
         generator = torch.Generator(device=target.model.device).manual_seed(seed)
         return generate(study.forward, [study.encoded[i] for i in indices], drafter if with_draft else None,
                         study.sampling, max_new, eos, generator, pad, clock=study.clock,
-                        k_policy=policy if with_draft else None, k_max=study.k_max if with_draft else 0)
+                        k_policy=policy if with_draft else None, k_max=study.k_max if with_draft else 0,
+                        compiled_settle=None if study.compiler is None else study.compiler.settle)
 
     def time_batch(n: int, indices: list[int], repeat: int, policy: KPolicy | None) -> dict[bool, GenerationOutput]:
         """One timing of both arms of batch n; the arm that leads alternates by batch and flips in
