@@ -104,6 +104,24 @@ class DraftVocab:
         token, q = draw(logits[..., : self.size], cfg, generator)  # [B], [B, N]
         return self.to_target(token), self.to_target_probs(q)
 
+    def kept_log_probs(self, log_p: torch.Tensor) -> torch.Tensor:
+        """Target log-probabilities [..., V] -> [..., N]: the kept ids', renormalised over them (what a
+        head without the "other" slot, EAGLE-3's as published, is trained towards)."""
+        self.target_ids = self.target_ids.to(log_p.device)
+        kept = log_p.index_select(-1, self.target_ids)  # [..., N]
+        return kept - kept.logsumexp(-1, keepdim=True)
+
+    def offsets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The published EAGLE-3 form: d2t [N] (target id = draft id + d2t[draft id]) and t2d [V] (bool: kept)."""
+        t2d = torch.zeros(self.target_vocab_size, dtype=torch.bool)
+        t2d[self.target_ids.cpu()] = True
+        return self.target_ids.cpu() - torch.arange(self.size), t2d
+
+    @classmethod
+    def from_offsets(cls, d2t: torch.Tensor, target_vocab_size: int, fingerprint: str | None = None) -> "DraftVocab":
+        """The vocabulary of a published EAGLE-3 head from its d2t [N]."""
+        return cls((torch.arange(len(d2t)) + d2t.long().cpu()).tolist(), target_vocab_size, fingerprint)
+
     def coarsen_log_probs(self, log_p: torch.Tensor) -> torch.Tensor:
         """Target log-probabilities [..., V] -> [..., N+1]: the kept ids, then log P(any other)."""
         self.target_ids = self.target_ids.to(log_p.device)

@@ -131,6 +131,20 @@ def eagle_head(target: LoadedModel, hidden_layers: tuple[int, ...], keep_every: 
     return _FITTED[key]
 
 
+def eagle3_head(target: LoadedModel, keep_every: int | None = 2, steps: int = 150, **flags):
+    """An EAGLE-3 head as published for a tiny target, over its hidden states 0, 1 and 2, briefly fitted with
+    two unrolled steps; ``flags``: its norm flags."""
+    from specexp.drafts.parts.eagle3_head import Eagle3Head
+
+    key = ("eagle3", target.name, keep_every, steps, tuple(sorted(flags.items())))
+    if key not in _FITTED:
+        torch.manual_seed(0)
+        head = Eagle3Head(target, (0, 1, 2), every_other_token(target, keep_every), **flags)
+        head.unroll_steps = 2
+        _FITTED[key] = fit_feature_head(target, head, steps)
+    return _FITTED[key]
+
+
 def medusa_heads(target: LoadedModel, n_heads: int = 4, keep_every: int | None = None, steps: int = 150):
     """Medusa heads for a tiny target, briefly fitted."""
     from specexp.drafts.parts.medusa_heads import MedusaHeads
@@ -187,6 +201,11 @@ DRAFT_KINDS = {
     "medusa": lambda target, other, k, files: MedusaDrafter(target, medusa_heads(target, n_heads=max(k, 2)), k=k),
     "medusa_tree_reduced_vocab": lambda target, other, k, files: MedusaDrafter(
         target, medusa_heads(target, n_heads=3, keep_every=2), k=k, branches=2),
+    # EAGLE-3 as published: the 2H-wide layer, d2t / t2d; with speculators' training flags; as a dynamic tree
+    "eagle3_published": lambda target, other, k, files: EagleDrafter(target, eagle3_head(target), k=k),
+    "eagle3_published_flags": lambda target, other, k, files: EagleDrafter(
+        target, eagle3_head(target, keep_every=None, norm_before_residual=True, norm_before_fc=True, norm_output=True), k=k),
+    "eagle3_published_tree": lambda target, other, k, files: EagleDrafter(target, eagle3_head(target), k=k, branches=2),
     # a copy of the fitted head with int8 linears (draft.quantize=int8 swaps them in a freshly loaded head)
     "eagle3_int8": lambda target, other, k, files: EagleDrafter(
         target, quantize_linears(eagle_head(target, (0, 1, 2), keep_every=2), "int8"), k=k),

@@ -113,8 +113,8 @@ def test_cuda_graphs_decode_exactly_as_eager(prompts):
 # Every model draft: its steps compiled beside the target's passes (chains, trees, feature heads, the shared
 # early exit's split passes), K changing every round (ScriptedK: feeds of every size, rounds without the draft).
 COMPILED_KINDS = ["disagree", "target_prefix", "distilled_like", "small_lm_tree", "reduced_vocab_tree", "eagle",
-                  "eagle3_reduced_vocab", "eagle3_int8", "eagle_tree", "medusa", "medusa_tree_reduced_vocab",
-                  "early_exit_shared"]
+                  "eagle3_reduced_vocab", "eagle3_int8", "eagle_tree", "eagle3_published", "eagle3_published_flags",
+                  "eagle3_published_tree", "medusa", "medusa_tree_reduced_vocab", "early_exit_shared"]
 
 
 def compiled_decode(target, drafter, prompts, backend: str, sampling=GREEDY, k_policy=None):

@@ -12,7 +12,7 @@ import torch
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.distill.features import FeatureDistillModule, eagle_student, teacher_pass
+from specexp.distill.features import FeatureDistillModule, eagle3_student, eagle_student, teacher_pass
 from specexp.draft_vocab import DraftVocab
 from specexp.drafts.eagle import EagleDrafter, eagle_drafter
 from specexp.drafts.parts.eagle_head import EagleHead, unrolled_mask
@@ -99,23 +99,25 @@ def test_save_load_round_trip_and_errors(target, tmp_path):
         eagle_student(target, hidden_layers=[0, 2], feature_loss_weight=0.1)
 
 
-@pytest.mark.parametrize("recipe", ["eagle", "eagle3"])
+@pytest.mark.parametrize("recipe", ["eagle", "eagle3_fc", "eagle3"])
 def test_training_raises_heldout_alpha(sharp_pair, tmp_path, recipe):
-    """student=eagle (top state, feature regression) and student=eagle3 (three layers fused, a
-    reduced vocabulary, unrolled steps) through the Lightning module."""
+    """student=eagle (top state, feature regression), student=eagle3_fc (specexp's earlier variant: three
+    layers fused through one fc, an "other" slot) and student=eagle3 (as published: the 2H-wide layer, the
+    kept ids alone), each with a reduced vocabulary and unrolled steps, through the Lightning module."""
     target, blocks = sharp_pair
     L.seed_everything(0)
+    vocab = DraftVocab(sorted(set(range(0, 64, 2)) | {EOS}), 64)
     if recipe == "eagle":
         student = eagle_student(target, feature_loss_weight=0.1)
+    elif recipe == "eagle3_fc":
+        student = eagle_student(target, hidden_layers=[0, 1, 2], unroll_steps=2, draft_vocab=vocab)
     else:
-        vocab = DraftVocab(sorted(set(range(0, 64, 2)) | {EOS}), 64)
-        student = eagle_student(target, hidden_layers=[0, 1, 2], unroll_steps=2,
-                                draft_vocab=vocab)
+        student = eagle3_student(target, hidden_layers=[0, 1, 2], unroll_steps=2, draft_vocab=vocab)
     module = FeatureDistillModule(student, target, "forward_kl", lr=1e-2, warmup_steps=2)
     before, after = fit_and_validate(tmp_path, module, blocks, steps=100)
     assert after["val/alpha"] > before["val/alpha"] + 0.05, (before, after)
     assert after["val/loss"] < before["val/loss"]
-    if recipe == "eagle3":
+    if recipe != "eagle":
         assert after["val/alpha_step2"] > before["val/alpha_step2"] + 0.05
     # the trained head drafts exactly (greedy)
     drafter = EagleDrafter(target, student.model.eval(), k=3)
@@ -139,8 +141,9 @@ def test_eagle3_command_end_to_end(tmp_path, tiny_local_conf):
     caches = [p for p in (tmp_path / "cache").glob("corpus-*-features-*") if (p / "dataset_info.json").exists()]
     assert len(caches) == 1 and not list((tmp_path / "cache").glob("*.map.arrow"))  # no second copy left behind
     head = run_dir / "student"
-    config = json.loads((head / "eagle_head.json").read_text())
-    assert config["hidden_layers"] == [2, 4, 5] and config["target_layers"] == 8  # low, middle, high: 2, N/2, N-3
+    config = json.loads((head / "config.json").read_text())  # the speculators format vLLM serves
+    assert config["speculators_model_type"] == "eagle3" and 0 < config["draft_vocab_size"] <= 512  # the toy corpus's ids
+    assert config["eagle_aux_hidden_state_layer_ids"] is None  # the published default: 2, N/2, N-3 = 2, 4, 5
     result = json.loads((run_dir / "result.json").read_text())
     assert result["steps"] == 4 and result["parameters"] < 200_000  # the head alone (the target has 3.2M)
     # a fixed node budget, unpriced: the export is under test (a priced study of a fresh head: test_medusa's)
@@ -192,7 +195,8 @@ def test_fp32_heads_train_over_a_bf16_target():
 
     target = tiny_model(0, layers=2)
     target.model.to(torch.bfloat16)
-    for student in (eagle_student(target, feature_loss_weight=0.1), medusa_student(target, n_heads=2)):
+    for student in (eagle_student(target, feature_loss_weight=0.1), medusa_student(target, n_heads=2),
+                    eagle3_student(target, hidden_layers=[0, 1, 2])):
         head = student.model
         ids = torch.randint(2, 64, (2, 8), generator=torch.Generator().manual_seed(0))
         teacher_logits, features = teacher_pass(target.model, ids, head.hidden_layers)

@@ -16,6 +16,7 @@ OWN_WORDS = {
     "specexp.distill": ["usage: python -m specexp.distill [overrides ...]", "train a draft on its target", "student="],
     "specexp.ngram": ["usage: python -m specexp.ngram", "datastore"],
     "specexp.pairing": ["usage: python -m specexp.pairing [--targets a,b]", "--drafts", "pairing: true"],
+    "specexp.export": ["usage: python -m specexp.export", "speculators format", "--verifier"],
 }
 ENTRY_POINTS = list(OWN_WORDS)
 

@@ -65,7 +65,7 @@ LAYERS = [
     {"costs"},  # the hardware profile, the cost model, draft.k's policies
     {"study", "distill"},  # one run of a study; training drafts
     {"reporting"},  # collecting, tables, figures, re-pricing, the dashboard
-    {"__main__", "profile", "collect", "figures", "predict", "dashboard", "pairing"},  # the commands
+    {"__main__", "profile", "collect", "figures", "predict", "dashboard", "pairing", "export"},  # the commands
 ]
 
 

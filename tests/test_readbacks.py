@@ -33,6 +33,7 @@ WALK = 2  # a tree's verify walks it node by node: its depth and which nodes hav
 EXTRA = {
     "prompt_lookup_tree": WALK,
     "eagle_tree": WALK,
+    "eagle3_published_tree": WALK,
     "medusa_tree_reduced_vocab": WALK,
     # and the draft's cache: how many expanded nodes each row kept (its rewind, and the next feed)
     "small_lm_tree": WALK + 2,

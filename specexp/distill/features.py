@@ -25,6 +25,7 @@ from specexp.distill.data import beside_corpus
 from specexp.distill.module import DistillModule
 from specexp.distill.objectives import total_variation, warped_log_probs
 from specexp.draft_vocab import DraftVocab
+from specexp.drafts.parts.eagle3_head import Eagle3Head, layer_config
 from specexp.drafts.parts.eagle_head import EagleHead, eagle3_layers
 from specexp.drafts.parts.feature_head import FeatureHead, Prediction, check_hidden_layers
 from specexp.drafts.parts.medusa_heads import MedusaHeads
@@ -101,8 +102,8 @@ def prediction_losses(head: FeatureHead, predictions: list[Prediction], teacher_
     """The token loss (a scalar) of each prediction against the teacher's distributions at its
     positions, in the head's vocabulary."""
     log_p = warped_log_probs(teacher_logits, temperature)  # [B, T, V]
-    if head.draft_vocab is not None:
-        log_p = head.draft_vocab.coarsen_log_probs(log_p)  # [B, T, N+1]
+    if head.draft_vocab is not None:  # [B, T, N+1], or [B, T, N]: the kept ids renormalised (no "other" output)
+        log_p = head.draft_vocab.coarsen_log_probs(log_p) if head.other_slot else head.draft_vocab.kept_log_probs(log_p)
     losses = []
     for p in predictions:
         n = p.logits.shape[1]
@@ -187,6 +188,28 @@ def eagle_student(target: LoadedModel, hidden_layers: list[int] | str | None = N
     name = f"eagle-{'-'.join(map(str, layers))}"
     return LoadedModel(model=head.train(), tokenizer=target.tokenizer, name=name, draft_vocab=draft_vocab,
                        as_student=FEATURE_HEAD)
+
+
+def eagle3_student(target: LoadedModel, hidden_layers: list[int] | None = None, unroll_steps: int = 3,
+                   intermediate_size: int | None = None, norm_before_residual: bool = False, norm_before_fc: bool = False,
+                   fc_norm: bool = False, norm_output: bool = False, draft_vocab: DraftVocab | None = None,
+                   seed: int = 0) -> LoadedModel:
+    """A fresh EAGLE-3 head as published (`student=eagle3`, drafts/parts/eagle3_head.py) for the target:
+    its low, middle and high states (or ``hidden_layers``, hidden-state indices) fused, trained with
+    ``unroll_steps`` steps of the training-time test; exported in the speculators format that vLLM serves
+    and `draft=eagle draft.head=PATH` loads."""
+    n_layers = target.model.config.get_text_config().num_hidden_layers
+    layers = eagle3_layers(n_layers) if hidden_layers is None else tuple(int(j) for j in hidden_layers)
+    check_hidden_layers(layers, n_layers)
+    if unroll_steps < 1:
+        raise UserInputError(f"student.unroll_steps={unroll_steps} is not allowed; it must be >= 1")
+    torch.manual_seed(seed)
+    config = layer_config(target, intermediate_size)
+    head = Eagle3Head(target, layers, draft_vocab, config, norm_before_residual=norm_before_residual,
+                      norm_before_fc=norm_before_fc, fc_norm=fc_norm, norm_output=norm_output).float()
+    head.unroll_steps = unroll_steps
+    return LoadedModel(model=head.train(), tokenizer=target.tokenizer, name=f"eagle3-{'-'.join(map(str, layers))}",
+                       draft_vocab=head.draft_vocab if draft_vocab is not None else None, as_student=FEATURE_HEAD)
 
 
 def medusa_student(target: LoadedModel, n_heads: int = 4, n_blocks: int = 1, draft_vocab: DraftVocab | None = None,

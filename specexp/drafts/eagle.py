@@ -21,6 +21,8 @@ from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.draft_vocab import sample_draft
 from specexp.drafts.parts.base import check_k
 from specexp.drafts.parts.dynamic_tree import TreeRegion, check_tree, grow_tree
+from specexp.drafts.parts.eagle3_format import is_eagle3_folder
+from specexp.drafts.parts.eagle3_head import Eagle3Head
 from specexp.drafts.parts.eagle_head import EagleHead
 from specexp.drafts.parts.quantize import quantize_linears
 from specexp.errors import UserInputError
@@ -33,7 +35,8 @@ SHIPPED = {"eagle3": ASSETS / "eagle3-smollm2-135m"}  # draft.head=NAME: trained
 class EagleDrafter:
     """Chains (``branches`` = 1) or dynamic trees of ``k`` nodes from an EAGLE head."""
 
-    def __init__(self, target: LoadedModel, head: EagleHead, k: int = 4, branches: int = 1, depth: int | None = None):
+    def __init__(self, target: LoadedModel, head: EagleHead | Eagle3Head, k: int = 4, branches: int = 1,
+                 depth: int | None = None):
         check_k(k)
         check_tree(branches, depth)
         self.branches, self.depth = branches, depth
@@ -148,13 +151,31 @@ class EagleDrafter:
         self.n_drafted = 0
 
 
-def resolve_head(target: LoadedModel, head: str) -> EagleHead:
-    """A shipped head's name (trained for the default target) or a head folder."""
-    folder = SHIPPED.get(head, head)
+def head_folder(head: str) -> Path:
+    """A shipped head's folder, a local folder, or a hub name's download (huggingface_hub, as transformers
+    fetches models; offline, only what its cache holds)."""
+    folder = SHIPPED.get(head, Path(head).expanduser())
     if head in SHIPPED and not folder.is_dir():
         raise UserInputError(f"no '{head}' head ships in this install; give a head folder "
                              f"(python -m specexp.distill student={head})")
-    return EagleHead.load(folder, target).to(target.model.device, target.model.dtype)
+    if folder.is_dir() or head in SHIPPED or head.startswith((".", "/", "~")) or head.count("/") != 1:
+        return folder
+    from huggingface_hub import snapshot_download  # a hub name: org/name
+
+    try:
+        return Path(snapshot_download(head, allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as error:  # offline, unknown, gated: one line saying which
+        raise UserInputError(f"draft.head={head} is not a local folder and could not be fetched from the hub "
+                             f"({type(error).__name__}); give a folder or a hub name that can be reached") from None
+
+
+def resolve_head(target: LoadedModel, head: str) -> EagleHead | Eagle3Head:
+    """The EAGLE head ``head`` names: a shipped one (trained for the default target), a folder or a hub
+    name. A folder with a config.json is EAGLE-3 as published (speculators' format, or the EAGLE / SpecForge
+    layout); one with eagle_head.json is specexp's earlier variant (EAGLE-1 / EAGLE-3 through one fc)."""
+    folder = head_folder(head)
+    loaded = Eagle3Head.load(folder, target) if is_eagle3_folder(folder) else EagleHead.load(folder, target)
+    return loaded.to(target.model.device, target.model.dtype)
 
 
 def eagle_drafter(target: LoadedModel, head: str = "eagle3", k: int = 4, branches: int = 1,

@@ -180,7 +180,8 @@ class CompiledDecoder:
         sizes, hidden_size = sorted(set(batch_sizes)), self.config.get_text_config().hidden_size
         for batch_size, tokens, kind in ((b, t, k) for b in sizes for t in buckets for k in kinds):
             cache = self.held_cache(batch_size, capacity, self.device)
-            shape = (batch_size, tokens) if kind.embed else (batch_size, tokens, hidden_size)
+            width = self.decoder.input_width if kind.layers.start == 0 else hidden_size  # EAGLE-3's first layer: 2H
+            shape = (batch_size, tokens) if kind.embed else (batch_size, tokens, width)
             inputs = torch.zeros(shape, dtype=torch.long if kind.embed else self.dtype, device=self.device)
             positions = torch.zeros(batch_size, tokens, dtype=torch.long, device=self.device)
             mask = torch.ones(batch_size, 1, tokens, cache.capacity, dtype=torch.bool, device=self.device) \

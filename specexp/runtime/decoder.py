@@ -218,9 +218,23 @@ class LeanDecoder:
             rotations[kind] = cos[:, :, None], signed_sin(sin)[:, :, None]
         return rotations
 
+    @property
+    def input_width(self) -> int:
+        """Features per token of the first layer's input: the hidden size, twice it for EAGLE-3's layer."""
+        hidden_size = self.config.get_text_config().hidden_size
+        return 2 * hidden_size if hasattr(self.layers[0].layer, "hidden_norm") else hidden_size
+
     def _block(self, i: int, hidden: torch.Tensor, rotation: tuple, mask: torch.Tensor, cache) -> torch.Tensor:
-        """One decoder layer: pre-norm residual blocks (Llama), or Gemma's with a norm after each block too."""
+        """One decoder layer: pre-norm residual blocks (Llama), Gemma's with a norm after each block too, or
+        EAGLE-3's, whose input [B, T, 2H] is a token's embedding and a hidden state side by side."""
         layer = self.layers[i].layer
+        if hasattr(layer, "hidden_norm"):  # drafts/parts/eagle3_head.Eagle3DecoderLayer
+            embedded, state = hidden.chunk(2, dim=-1)
+            normed = rms_norm(layer.hidden_norm, state)
+            attn_in = torch.cat([rms_norm(layer.input_layernorm, embedded), normed], dim=-1)  # [B, T, 2H]
+            hidden = (normed if layer.norm_before_residual else state) + self._attention(i, attn_in, *rotation, mask,
+                                                                                          cache)
+            return hidden + self._mlp(self.layers[i], rms_norm(layer.post_attention_layernorm, hidden))
         attended = self._attention(i, rms_norm(layer.input_layernorm, hidden), *rotation, mask, cache)
         if not hasattr(layer, "pre_feedforward_layernorm"):
             hidden = hidden + attended

@@ -53,6 +53,7 @@ class FeatureHead(nn.Module):
     # How training runs the head (specexp.distill.features.eagle_student sets them; a saved head keeps neither):
     unroll_steps = 1  # EAGLE-3's training-time test: the steps it runs on its own outputs
     feature_loss_weight = 0.0  # EAGLE-1/2's regression of its output on the target's features
+    other_slot = True  # with a draft vocabulary it predicts N kept ids + "other" (False: the kept ids alone)
 
     def __init__(self, target: LoadedModel, hidden_layers: tuple[int, ...], draft_vocab: DraftVocab | None):
         super().__init__()
