@@ -26,7 +26,7 @@ SPECULATORS_KEYS = {"fc.weight", "layers.0.input_layernorm.weight", "layers.0.hi
                     "layers.0.post_attention_layernorm.weight", "layers.0.self_attn.q_proj.weight",
                     "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight",
                     "layers.0.self_attn.o_proj.weight", "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight",
-                    "layers.0.mlp.down_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"}
+                    "layers.0.mlp.down_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "embed_tokens.weight"}
 
 
 def head_logits(head: Eagle3Head, target, steps: int = 2) -> list[torch.Tensor]:
@@ -45,31 +45,37 @@ def test_the_speculators_folder_round_trips_bit_for_bit(target, tmp_path):
     assert config["draft_vocab_size"] == head.draft_vocab.size and config["norm_before_fc"] is True
     assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # not the published default for 2 layers
     weights = load_file(tmp_path / "head" / "model.safetensors")
-    assert set(weights) == SPECULATORS_KEYS | {"input_norm.weight"}  # the target's embedding is not copied
+    assert set(weights) == SPECULATORS_KEYS | {"input_norm.weight"}
+    assert torch.equal(weights["embed_tokens.weight"], target.model.get_input_embeddings().weight)  # as speculators writes
     assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
     assert torch.equal(torch.arange(head.draft_vocab.size) + weights["d2t"], head.draft_vocab.target_ids)
     loaded = resolve_head(target, str(tmp_path / "head"))
     assert type(loaded) is Eagle3Head and loaded.flags == head.flags and loaded.hidden_layers == (0, 1, 2)
+    assert "embed_tokens.weight" not in loaded.state_dict()  # the target's own: shared, not held twice
     for a, b in zip(head_logits(head, target), head_logits(loaded, target), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_the_eagle_specforge_layout_loads_as_the_same_head(target, tmp_path):
     """midlayer.* weights, a Llama config with architectures [LlamaForCausalLMEagle3], SpecForge's
-    layer-output ids (one less than hidden-state indices) and its own embedding."""
+    layer-output ids (one less than hidden-state indices) and an embedding of its own load as the same head
+    as those weights in the speculators format."""
     head = eagle3_head(target)
-    weights = {k.replace("layers.0.", "midlayer."): v for k, v in head.state_dict().items()}
-    weights["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().clone()
+    head.save(tmp_path / "speculators")
+    weights = load_file(tmp_path / "speculators" / "model.safetensors")
+    weights["embed_tokens.weight"] = weights["embed_tokens.weight"] + 0.01  # its own
+    save_file(weights, tmp_path / "speculators" / "model.safetensors")
     folder = tmp_path / "specforge"
     folder.mkdir()
-    save_file(weights, folder / "model.safetensors")
+    save_file({k.replace("layers.0.", "midlayer."): v for k, v in weights.items()}, folder / "model.safetensors")
     config = head.config.to_dict() | {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": head.draft_vocab.size,
                                       "eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 0, 1]}}
     (folder / "config.json").write_text(json.dumps(config))
     assert read_folder(folder).layout == "eagle" and read_folder(folder).aux_layers == (0, 1, 2)
-    loaded = resolve_head(target, str(folder))
-    assert loaded.hidden_layers == (0, 1, 2) and "embed_tokens.weight" in loaded.state_dict()
-    for a, b in zip(head_logits(head, target), head_logits(loaded, target), strict=True):
+    loaded, reference = resolve_head(target, str(folder)), resolve_head(target, str(tmp_path / "speculators"))
+    assert loaded.hidden_layers == (0, 1, 2)
+    assert torch.equal(loaded.state_dict()["embed_tokens.weight"], weights["embed_tokens.weight"].to(head.dtype))
+    for a, b in zip(head_logits(reference, target), head_logits(loaded, target), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -147,7 +153,7 @@ def test_export_writes_the_speculators_format_with_the_verifier_vllm_loads(targe
     written = json.loads((tmp_path / "served" / "config.json").read_text())
     assert written["speculators_config"]["verifier"]["name_or_path"] == target.name
     assert written["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
-    assert set(load_file(tmp_path / "served" / "model.safetensors")) == SPECULATORS_KEYS
+    assert set(load_file(tmp_path / "served" / "model.safetensors")) == SPECULATORS_KEYS - {"embed_tokens.weight"}  # as held
     loaded = resolve_head(target, str(tmp_path / "served"))
     for a, b in zip(head_logits(head, target), head_logits(loaded, target), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

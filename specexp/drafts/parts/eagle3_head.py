@@ -20,18 +20,17 @@ EAGLE authors' / SpecForge layout.
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specexp.draft_vocab import DraftVocab, restrict_rows, vocab_fingerprint
 from specexp.drafts.parts.eagle3_format import Eagle3Folder, read_folder, write_speculators
-from specexp.drafts.parts.eagle_head import StepKV, eagle3_layers, unrolled_mask
-from specexp.drafts.parts.feature_head import FeatureHead, Prediction, target_identity
+from specexp.drafts.parts.eagle_head import EagleSteps, eagle3_layers
+from specexp.drafts.parts.feature_head import target_identity
 from specexp.errors import DraftDoesNotApply, UserInputError
 from specexp.models import LoadedModel
-from specexp.runtime.decoder import LeanDecoder, lean_decoder, rms_norm
+from specexp.runtime.decoder import rms_norm
 
 
 class Eagle3DecoderLayer(LlamaDecoderLayer):
@@ -60,7 +59,7 @@ def layer_config(target: LoadedModel, intermediate_size: int | None = None) -> L
         mlp_bias=False, tie_word_embeddings=False)
 
 
-class Eagle3Head(FeatureHead):
+class Eagle3Head(EagleSteps):
     """(the target's states [.., 3H_t] at t, the token at t+1) -> h_{t+1} [.., H] -> logits [.., N]."""
 
     kind = "eagle3"
@@ -127,10 +126,6 @@ class Eagle3Head(FeatureHead):
         """The activations' dtype: the norms' (draft.quantize=int8 swaps every linear, fc too, for int8 ones)."""
         return self.norm.weight.dtype
 
-    def decoder(self, fuse_projections: bool = True) -> LeanDecoder:
-        """The lean forward of the head's layer (unfused for training: the projections' own weights)."""
-        return lean_decoder(self, fuse_projections)
-
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """The target's states at the head's layers [..., n H_t] -> the layer's state [..., H]."""
         x = features.to(self.dtype)
@@ -157,29 +152,6 @@ class Eagle3Head(FeatureHead):
         dtype = head.weight.dtype if head.weight.is_floating_point() else self.dtype
         return head(rms_norm(self.norm, hidden).to(dtype))
 
-    def predictions(self, input_ids: torch.Tensor, features: torch.Tensor) -> list[Prediction]:
-        """Per unrolled step j (the training-time test, ``unroll_steps``): entries j-1.. predict the
-        teacher's positions j.. (entry t reads the target's states at t and token t+1)."""
-        steps = self.unrolled(input_ids, features, self.unroll_steps)
-        return [Prediction(f"step{j}", logits[:, j - 1 :], j, 1 / len(steps), h[:, j - 1 :])
-                for j, (logits, h) in enumerate(steps, start=1)]
-
-    def unrolled(self, tokens: torch.Tensor, features: torch.Tensor, steps: int = 1) -> list[tuple[torch.Tensor, ...]]:
-        """Training: the head over a whole sequence (tokens [B, T], the target's states [B, T, n H_t]),
-        ``steps`` times; step j's entry at t reads step j-1's output at t-1 (fed back) and attends as drafting
-        step j would (eagle_head.unrolled_mask). Returns per step (logits [B, T-1, N], h [B, T-1, H])."""
-        decoder = self.decoder(fuse_projections=False)
-        B, T = tokens.shape
-        positions = torch.arange(T - 1, device=tokens.device)[None].expand(B, -1)
-        cache, outputs = StepKV(), []
-        state, fused = features[:, :-1], False  # the target's states before tokens 1..T-1
-        for step in range(1, steps + 1):
-            x = self.inputs(tokens[:, 1:], state, fused)
-            h = decoder.run_layers(x, range(1), cache, None, positions, mask=unrolled_mask(T - 1, step, tokens.device))
-            outputs.append((self.logits(h), h))
-            state, fused = F.pad(h[:, :-1], (0, 0, 1, 0)), True  # entry t of the next step reads h at t-1
-        return outputs
-
     def published(self) -> Eagle3Folder:
         """The head as a speculators folder describes it (no weights)."""
         n_layers = self.target_layers
@@ -189,9 +161,16 @@ class Eagle3Head(FeatureHead):
                             target_hidden_size=None if self.hidden_size == self.config.hidden_size else self.hidden_size,
                             flags=dict(self.flags), verifier=self.verifier, speculative_tokens=self.speculative_tokens)
 
-    def save(self, folder: str | Path) -> None:
-        """The speculators format (drafts/parts/eagle3_format.py), which vLLM serves."""
-        write_speculators(folder, self.published(), {k: v.detach().cpu() for k, v in self.state_dict().items()})
+    def save(self, folder: str | Path, embedding: bool = True) -> None:
+        """The speculators format (drafts/parts/eagle3_format.py), which vLLM serves; a head over the whole
+        vocabulary writes no d2t / t2d (speculators holds none then). ``embedding``: with the token embedding
+        it reads (the target's), as speculators writes it: its from_pretrained leaves a missing one at zero
+        (vLLM shares the target's); a head shipped inside specexp leaves it out (the target gives it)."""
+        whole = self.draft_vocab.size == self.t2d.numel()
+        weights = {k: v.detach().cpu() for k, v in self.state_dict().items() if not (whole and k in ("d2t", "t2d"))}
+        if embedding:
+            weights["embed_tokens.weight"] = self.embed_tokens.weight.detach().to("cpu", self.dtype)
+        write_speculators(folder, self.published(), weights)
 
     def save_pretrained(self, folder: str | Path) -> None:  # what `specexp.distill` calls to export a student
         self.save(folder)
@@ -208,8 +187,10 @@ class Eagle3Head(FeatureHead):
         layers = found.aux_layers or eagle3_layers(n_layers)
         d2t = found.weights.get("d2t")
         vocab = DraftVocab.from_offsets(d2t, target.vocab_size, vocab_fingerprint(target)) if d2t is not None else None
-        head = cls(target, layers, vocab, config, **found.flags, own_embedding="embed_tokens.weight" in found.weights,
-                   verifier=found.verifier)
+        embedding = found.weights.get("embed_tokens.weight")
+        shared = target.model.get_input_embeddings().weight
+        own = embedding is not None and not (embedding.shape == shared.shape and torch.equal(embedding.to(shared), shared))
+        head = cls(target, layers, vocab, config, **found.flags, own_embedding=own, verifier=found.verifier)
         expected = set(head.state_dict())
         weights = {k: v for k, v in found.weights.items() if k in expected}  # t2d / d2t of a full vocabulary aside
         if missing := sorted(expected - set(weights) - {"d2t", "t2d"}):

@@ -9,8 +9,9 @@ entries; its output h_{t+1} stands in for the target's next features, and ``norm
 over N kept tokens + "other") give the next token's distribution. Further draft steps feed h back
 as g.
 
-Deviation from EAGLE-3: the fused features enter through the same ``fc`` over [e, g] as EAGLE-1,
-instead of a layer whose attention input is 2H wide.
+This is specexp's earlier variant of EAGLE-3: the fused features enter through the same ``fc`` over
+[e, g] as EAGLE-1, instead of a layer whose attention input is 2H wide; EAGLE-3 as published (what vLLM
+serves) is drafts/parts/eagle3_head.py. `EagleSteps` holds what both heads share.
 
 The head quacks like a Llama causal LM (``get_decoder``, ``get_output_embeddings``, ``config``) so
 the lean decoder runs its layer; the target's embedding (and head, when shared) are held outside
@@ -51,7 +52,42 @@ class EagleTrunk(nn.Module):
         return self._embed[0]
 
 
-class EagleHead(FeatureHead):
+class EagleSteps(FeatureHead):
+    """What EAGLE heads share, whatever their layer: drafting through the lean decoder and training
+    unrolled over their own outputs. A head gives ``inputs(tokens, features, fused)``, its layer's input
+    from tokens [B, T] and the state before them (``fused``: the head's own h, fed back), and
+    ``logits(h)``."""
+
+    def decoder(self, fuse_projections: bool = True) -> LeanDecoder:
+        """The lean forward of the head's layer (unfused for training: the projections' own weights)."""
+        return lean_decoder(self, fuse_projections)
+
+    def predictions(self, input_ids: torch.Tensor, features: torch.Tensor) -> list[Prediction]:
+        """Per unrolled step j (``unroll_steps``, set by training): entries j-1.. predict the
+        teacher's positions j.. (entry t reads features t and token t+1)."""
+        steps = self.unrolled(input_ids, features, self.unroll_steps)
+        return [Prediction(f"step{j}", logits[:, j - 1 :], j, 1 / len(steps), h[:, j - 1 :])
+                for j, (logits, h) in enumerate(steps, start=1)]
+
+    def unrolled(self, tokens: torch.Tensor, features: torch.Tensor, steps: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Training: the head over a whole sequence (tokens [B, T], the target's features [B, T, F]),
+        ``steps`` times; step j's entry at t reads step j-1's output at t-1 instead of the target's
+        features and attends as drafting step j would (unrolled_mask). Returns per step (logits
+        [B, T-1, C], h [B, T-1, H]); entry t predicts token t+2, t < j-1 have no such draft step."""
+        decoder = self.decoder(fuse_projections=False)
+        B, T = tokens.shape
+        positions = torch.arange(T - 1, device=tokens.device)[None].expand(B, -1)
+        cache, outputs = StepKV(), []
+        g, fused = features[:, :-1], False  # [B, T-1, F]: the features before tokens 1..T-1
+        for step in range(1, steps + 1):
+            x = self.inputs(tokens[:, 1:], g, fused)
+            h = decoder.run_layers(x, range(1), cache, None, positions, mask=unrolled_mask(T - 1, step, tokens.device))
+            outputs.append((self.logits(h), h))
+            g, fused = F.pad(h[:, :-1], (0, 0, 1, 0)), True  # entry t of the next step reads h at t-1
+        return outputs
+
+
+class EagleHead(EagleSteps):
     """(features [.., F] at t, token at t+1) -> h_{t+1} [.., H] -> logits [.., C] (C = V, or N+1)."""
 
     kind = "eagle"
@@ -100,10 +136,6 @@ class EagleHead(FeatureHead):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
-    def decoder(self, fuse_projections: bool = True) -> LeanDecoder:
-        """The lean forward of the head's layer (unfused for training: the projections' own weights)."""
-        return lean_decoder(self, fuse_projections)
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """h [..., H] -> logits [..., C]: the norm (EAGLE-1 on the target's head: none), then the head
         (in its own dtype: the target's may be bf16 under an fp32 head in training; an int8 head
@@ -117,31 +149,6 @@ class EagleHead(FeatureHead):
         [B, T, F] (``fused``: already H wide, the head's own h)."""
         g = features if fused or self.fuse is None else self.fuse(features.to(self.dtype))
         return self.fc(torch.cat([self.model.embed_tokens(tokens).to(self.dtype), g.to(self.dtype)], dim=-1))
-
-    def predictions(self, input_ids: torch.Tensor, features: torch.Tensor) -> list[Prediction]:
-        """Per unrolled step j (``unroll_steps``, set by training): entries j-1.. predict the
-        teacher's positions j.. (entry t reads features t and token t+1)."""
-        steps = self.unrolled(input_ids, features, self.unroll_steps)
-        return [Prediction(f"step{j}", logits[:, j - 1 :], j, 1 / len(steps), h[:, j - 1 :])
-                for j, (logits, h) in enumerate(steps, start=1)]
-
-    def unrolled(self, tokens: torch.Tensor, features: torch.Tensor, steps: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Training: the head over a whole sequence (tokens [B, T], the target's features [B, T, F]),
-        ``steps`` times; step j's entry at t reads step j-1's output at t-1 instead of the target's
-        features and attends as drafting step j would (unrolled_mask). Returns per step (logits
-        [B, T-1, C], h [B, T-1, H]); entry t predicts token t+2, t < j-1 have no such draft step."""
-        decoder = self.decoder(fuse_projections=False)
-        B, T = tokens.shape
-        positions = torch.arange(T - 1, device=tokens.device)[None].expand(B, -1)
-        cache, outputs = StepKV(), []
-        g, fused = features[:, :-1], False  # [B, T-1, F]: the features before tokens 1..T-1
-        for step in range(1, steps + 1):
-            x = self.inputs(tokens[:, 1:], g, fused)
-            h = decoder.run_layers(x, range(1), cache, None, positions, mask=unrolled_mask(T - 1, step, tokens.device))
-            outputs.append((self.logits(h), h))
-            g, fused = F.pad(h[:, :-1], (0, 0, 1, 0)), True  # entry t of the next step reads h at t-1
-        return outputs
-
 
 def unrolled_mask(T: int, step: int, device: torch.device) -> torch.Tensor:
     """Which keys entry t of draft step ``step`` sees, over the steps' blocks of T entries each
