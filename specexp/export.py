@@ -24,11 +24,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="the folder to write (must not exist)")
     parser.add_argument("--verifier", default=None, help="the target's hub name or folder, as vLLM will load it")
     parser.add_argument("--speculative-tokens", type=int, default=None, help="the proposal length to serve it at")
+    parser.add_argument("--no-embedding", action="store_true",
+                        help="leave the token embedding out (vLLM and specexp take the target's; speculators needs it)")
     return parser.parse_args(argv)
 
 
-def export(head: Path, out: Path, verifier: str | None = None, speculative_tokens: int | None = None) -> None:
-    """The head folder ``head`` in the speculators format at ``out``."""
+def export(head: Path, out: Path, verifier: str | None = None, speculative_tokens: int | None = None,
+           embedding: bool = True) -> None:
+    """The head folder ``head`` in the speculators format at ``out`` (``embedding``: with its token embedding)."""
     if not head.is_dir():
         raise UserInputError(f"head folder '{head}' does not exist")
     if not is_eagle3_folder(head):
@@ -44,13 +47,13 @@ def export(head: Path, out: Path, verifier: str | None = None, speculative_token
     if found.verifier is None:
         raise UserInputError(f"'{head}' names no verifier (the EAGLE / SpecForge layout does not): give --verifier")
     found.speculative_tokens = speculative_tokens or found.speculative_tokens
-    write_speculators(out, found, found.weights)
+    write_speculators(out, found, {k: w for k, w in found.weights.items() if embedding or k != "embed_tokens.weight"})
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     with one_line_errors():
-        export(args.head, args.out, args.verifier, args.speculative_tokens)
+        export(args.head, args.out, args.verifier, args.speculative_tokens, embedding=not args.no_embedding)
     print(f"wrote {args.out} (speculators format, verifier '{args.verifier or 'as trained'}')")
 
 
