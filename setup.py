@@ -12,7 +12,7 @@ from setuptools.command.build_py import build_py
 class BuildPyWithConfigs(build_py):
     def run(self):
         super().run()
-        if not self.editable_mode:  # an editable install reads conf/ in the checkout (specexp/cli.py)
+        if not self.editable_mode:  # an editable install reads conf/ in the checkout (specexp/paths.py)
             shutil.copytree(Path(__file__).resolve().parent / "conf", Path(self.build_lib) / "specexp" / "conf",
                             dirs_exist_ok=True)
 

@@ -10,10 +10,12 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from specexp.cli import CONFIG_DIR, fail, missing_value, remove_run_folder, unknown_choice, user_error
+from specexp.cli import fail, remove_run_folder, user_error
+from specexp.configs import answer_help, check_command_line, hydra_arguments, missing_value
 from specexp.errors import DraftDoesNotApply, UserInputError
+from specexp.paths import CONFIG_DIR
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
@@ -60,7 +62,19 @@ def main(cfg: DictConfig) -> float | None:
     return summary["speedup"]  # what a sweeper optimises
 
 
+def check_before_hydra(argv: list[str]) -> None:
+    """Bad overrides, and in a single run bad values, end the command before Hydra writes a run folder."""
+    answer_help("config", argv)
+    try:
+        cfg = check_command_line("config", argv)
+        if cfg is not None and not hydra_arguments(argv).multirun and not OmegaConf.missing_keys(cfg):
+            from specexp.study.checks import check_study_config
+
+            check_study_config(cfg)
+    except UserInputError as error:
+        fail(error)
+
+
 if __name__ == "__main__":
-    if (message := unknown_choice(sys.argv[1:])) is not None:
-        fail(message)
+    check_before_hydra(sys.argv[1:])
     main()

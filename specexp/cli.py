@@ -1,5 +1,5 @@
-"""What the command-line entry points share (`python -m specexp`, `python -m specexp.distill`, ...):
-where the configs live, and how bad input becomes one line naming the value and what is allowed."""
+"""What the command-line entry points share (`python -m specexp`, `python -m specexp.distill`, ...): how bad
+input becomes one line naming the value and what is allowed, their option parsers, and leaving no run folder behind."""
 
 import argparse
 import shutil
@@ -9,35 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from omegaconf import DictConfig, OmegaConf
-
 from specexp.errors import UserInputError
-
-
-def find_config_dir() -> str:
-    """The Hydra configs: the top-level conf/ of a source checkout (and an editable install), or the
-    copy a wheel or non-editable install carries inside the package (setup.py's build_py)."""
-    packaged = Path(__file__).resolve().parent / "conf"
-    return str(packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "conf")
-
-
-CONFIG_DIR = find_config_dir()
-
-
-def user_config_dirs(args: list[str]) -> list[str]:
-    """Config folders a user adds on the command line, the Hydra way: ``--config-dir DIR`` / ``-cd DIR``
-    and ``hydra.searchpath=[file://DIR, ...]`` (their groups are searched too)."""
-    dirs = []
-    for i, arg in enumerate(args):
-        if arg in ("--config-dir", "-cd") and i + 1 < len(args):
-            dirs.append(args[i + 1])
-        elif arg.startswith("--config-dir="):
-            dirs.append(arg.partition("=")[2])
-        elif arg.lstrip("+").startswith("hydra.searchpath="):
-            entries = arg.partition("=")[2].strip("[]").split(",")
-            paths = [e.strip().strip("'\"") for e in entries]
-            dirs += [p.removeprefix("file://") for p in paths if p.startswith(("file://", "/", "."))]
-    return dirs
 
 
 def user_error(exc: BaseException) -> UserInputError | None:
@@ -84,6 +56,12 @@ def one_line_errors(*expected: type[Exception]) -> Iterator[None]:
         fail(error)
 
 
+def writable_place(path: Path | None, option: str) -> None:
+    """A file the command will write goes in a folder that exists: otherwise one `error:` line, before any work."""
+    if path is not None and not path.parent.is_dir():
+        fail(f"{option} {path}: the folder {path.parent} does not exist; give a path in an existing folder")
+
+
 def remove_run_folder(out_dir: Path) -> None:
     """Drop what Hydra wrote for a run that never started, so nothing half-written stays."""
     for folder in (".hydra", ".partial"):
@@ -92,37 +70,3 @@ def remove_run_folder(out_dir: Path) -> None:
         log_file.unlink()
     if out_dir.exists() and not any(out_dir.iterdir()):
         out_dir.rmdir()
-
-
-def unknown_choice(args: list[str], config_dir: str = CONFIG_DIR) -> str | None:
-    """One-line error for ``group=option`` overrides naming an option that has no config file.
-
-    Hydra reports the same thing over a dozen lines; this names the bad value and the
-    allowed ones. Sweep expressions (``choice(...)``, ``range(...)``) are left to Hydra.
-    """
-    roots = [config_dir, *user_config_dirs(args)]
-    for arg in args:
-        group, sep, value = arg.partition("=")
-        group_dirs = [Path(root) / group.lstrip("+") for root in roots]
-        if not sep or "(" in value or not any(d.is_dir() for d in group_dirs):
-            continue
-        allowed = sorted({f.stem for d in group_dirs for f in d.glob("*.yaml")})
-        for option in value.split(","):
-            if option not in allowed:
-                return f"unknown {group.lstrip('+')} '{option}'; allowed: {', '.join(allowed)}"
-    return None
-
-
-def missing_value(cfg: DictConfig, choices: dict, config_dir: str = CONFIG_DIR) -> str | None:
-    """One-line error for a required value (``???``) left unset, naming the key, the option that
-    needs it and what it takes (the comment on its line in that option's file)."""
-    for key in sorted(OmegaConf.missing_keys(cfg)):
-        group, _, name = key.partition(".")
-        option = choices.get(group)
-        line = ""
-        if option is not None and (path := Path(config_dir) / group / f"{option}.yaml").is_file():
-            line = next((ln for ln in path.read_text().splitlines() if ln.startswith(f"{name}:")), "")
-        takes = line.partition("#")[2].strip()
-        needed_by = f" by {group}={option}" if option else ""
-        return f"{key} is required{needed_by} and has no value; give {key}=VALUE" + (f" ({takes})" if takes else "")
-    return None

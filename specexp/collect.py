@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specexp.cli import fail, one_line_errors, sweep_parser
+from specexp.cli import fail, one_line_errors, sweep_parser, writable_place
 from specexp.output import markdown_table
 from specexp.reporting.job_table import collect, print_table, shown_table
 
@@ -27,6 +27,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    writable_place(args.out, "--out")
+    writable_place(args.markdown, "--markdown")
     with one_line_errors(FileNotFoundError):
         table = collect(args.paths)
     if table.empty:

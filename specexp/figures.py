@@ -4,7 +4,7 @@ command; the figures are specexp/reporting/paper_figures.py and plots.py)."""
 import argparse
 import sys
 
-from specexp.cli import fail, one_line_errors, sweep_parser
+from specexp.cli import fail, one_line_errors, sweep_parser, writable_place
 from specexp.reporting.paper_figures import make_figures
 
 DESCRIPTION = """Every paper figure a sweep supports. Reads sweep folders (multirun/NAME) or run folders: study
@@ -21,11 +21,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     out = args.out or args.paths[0] / "figures"
+    writable_place(out, "--out")
+    made_here = not out.exists()
     with one_line_errors(FileNotFoundError):
         written, skipped = make_figures(args.paths, out)
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     if not written:
+        if made_here and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # nothing half-written: no empty figures/ left behind
         fail(f"nothing to plot under {', '.join(map(str, args.paths))}: no finished study jobs or distillation runs")
     print(f"wrote {len(written)} files to {out}: {', '.join(written)}")
 

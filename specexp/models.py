@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from specexp.draft_vocab import DraftVocab
 from specexp.errors import UserInputError
+from specexp.paths import cache_root
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,9 +78,20 @@ class LoadedModel:
 
 
 def resolve_device(device: str) -> torch.device:
+    """auto: cuda where torch sees a GPU, else cpu; a device torch cannot name or this machine lacks is one line."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    available = ["auto", "cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UserInputError(f"device={device} is not a device torch knows; allowed here: {', '.join(available)}") from None
+    if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
+        raise UserInputError(f"device={device} is not available: torch {torch.__version__} sees "
+                             f"{torch.cuda.device_count()} CUDA devices; allowed here: {', '.join(available)}")
+    if resolved.type not in ("cpu", "cuda"):
+        raise UserInputError(f"device={device} is not one specexp runs on; allowed here: {', '.join(available)}")
+    return resolved
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -228,10 +240,6 @@ def derived_from_kept(what: str, sources: list[torch.Tensor], derive: Callable[[
                     kept.derived[what, identities] = derive()
             return kept.derived[what, identities]
     return derive()
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECEXP_CACHE", Path.home() / ".cache" / "specexp"))
 
 
 def embedded_gguf_dir() -> Path:

@@ -36,10 +36,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m specexp.pairing [options] [overrides]` (DESCRIPTION)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
-    from specexp.cli import CONFIG_DIR, fail, one_line_errors, unknown_choice, user_error
+    from specexp.cli import fail, one_line_errors, user_error
+    from specexp.configs import compose_checked, unknown_choice
     from specexp.drafts.registry import pairing_drafts
     from specexp.errors import DraftDoesNotApply
     from specexp.reporting.ranking import write_predictions
@@ -57,12 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     for target in targets:
         for draft in drafts:
             overrides = [*args, f"target={target}", f"draft={draft}"] + ([f"profile.path={profile}"] if profile else [])
-            try:
-                with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-                    cfg = compose("config", overrides=overrides)
-            except HydraException as error:
-                fail(f"{str(error).splitlines()[0]} (python -m specexp.pairing --help)")
             with one_line_errors():
+                cfg = compose_checked("config", overrides, "python -m specexp.pairing")
                 try:
                     rows += predict_pair(cfg, target, draft)
                 except Exception as exc:

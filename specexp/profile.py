@@ -29,10 +29,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m specexp.profile [--out FILE] [overrides]` (DESCRIPTION)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
-    from specexp.cli import CONFIG_DIR, fail, one_line_errors, unknown_choice
+    from specexp.cli import fail, one_line_errors
+    from specexp.configs import compose_checked, unknown_choice
     from specexp.study.run import prepare
 
     options, args = parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -42,12 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     drafts = next((a.partition("=")[2].split(",") for a in args if a.startswith("draft=")), [None])
     for draft in drafts:
         overrides = [a for a in args if not a.startswith("draft=")] + ([f"draft={draft}"] if draft else [])
-        try:
-            with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-                cfg = compose("config", overrides=overrides)
-        except HydraException as error:  # a malformed override or an unknown key: one line, not a traceback
-            fail(f"{str(error).splitlines()[0]} (python -m specexp.profile --help)")
         with one_line_errors():
+            cfg = compose_checked("config", overrides, "python -m specexp.profile")
             profile = prepare(cfg, force_profile=cfg.force).profile
             if profile is None:
                 raise UserInputError("profile.enabled=false: nothing to measure")

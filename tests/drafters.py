@@ -219,8 +219,8 @@ def config_builder(name: str, overrides: dict, config_dirs: tuple[str, ...] = ()
     def build(target, other, k, files):
         from hydra import compose, initialize_config_dir
 
-        from specexp.cli import CONFIG_DIR
         from specexp.drafts.build import build_draft
+        from specexp.paths import CONFIG_DIR
 
         searchpath = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in config_dirs)}]"] if config_dirs else []
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

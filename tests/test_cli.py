@@ -12,7 +12,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from specexp.cli import CONFIG_DIR, unknown_choice
+from specexp.configs import unknown_choice
+from specexp.paths import CONFIG_DIR
 from specexp.reporting.report import with_interval
 from specexp.study.summary import RunSummary
 from tests.commands import run_each, run_module, run_specexp
@@ -75,6 +76,17 @@ BAD_INPUTS = {
     "quantize_unknown": (["draft=distilled", "draft.quantize=int4"],
                          "draft.quantize=int4 is not allowed; use null or one of int8, auto"),
     "missing_exit_head": (["draft=early_exit", "draft.head=/no/such/head"], "exit head '/no/such/head' does not exist"),
+    # what Hydra would answer over lines, or a traceback through it, answered before it writes a run folder
+    "unknown_key": (["foo=1"], "unknown key 'foo'; python -m specexp has: experiment_name, force, seed"),
+    "unknown_draft_key": (["draft.kk=3"], "unknown key 'draft.kk'; draft=prompt_lookup has: name, k, k_max"),
+    "extra_draft_argument": (["+draft.kk=3"], "draft=prompt_lookup takes no key 'kk'; its keys: k_max, tree, k"),
+    "device_not_here": (["device=cuda:99"], "device=cuda:99 is not available"),
+    "device_unknown": (["device=gpu"], "device=gpu is not a device torch knows; allowed here: auto, cpu"),
+    "experiment_of_distill": (["experiment=distill_eagle3"],
+                              "experiment 'distill_eagle3' is python -m specexp.distill's, not python -m specexp's"),
+    "group_of_distill": (["student=eagle3"], "'student' is not a config group of python -m specexp; its groups: target"),
+    "sweep_without_multirun": (["draft.k=1,2"], "Ambiguous value for argument 'draft.k=1,2'"),
+    "k_not_integer": (["draft.k=1.5"], "draft.k=1.5 is not allowed; give an integer >= 1"),
 }
 
 
@@ -188,3 +200,34 @@ def test_a_job_that_never_drafted_reports_its_line():
     line = done_line("draft.k=2", {"alpha": 0.5, "alpha_ci95": [0.4, 0.6], "tau": 1.0, "speedup": 1.015,
                                    "speedup_ci95": [0.98, 1.05]})
     assert line == "[done] draft.k=2: alpha=0.500 [0.400, 0.600] tau=1.000 speedup=1.015 [0.980, 1.050]"
+
+
+OTHER_COMMANDS_BAD_INPUTS = {
+    "distill_experiment_of_a_study": ("specexp.distill", ["experiment=k_sweep"],
+                                      "experiment 'k_sweep' is python -m specexp's, not python -m specexp.distill's"),
+    "distill_group_of_a_study": ("specexp.distill", ["draft=eagle"], "'draft' is not a config group of python -m "
+                                 "specexp.distill"),
+    "distill_unknown_key": ("specexp.distill", ["optim.lrr=1"], "unknown key 'optim.lrr'; optim has: lr, weight_decay"),
+    "distill_unknown_objective": ("specexp.distill", ["objective=kl"], "objective 'kl' is unknown; allowed: "),
+    "sweep_unknown_key": ("specexp", ["-m", "draft.kk=1,2"], "unknown key 'draft.kk'; draft=prompt_lookup has: "),
+    "collect_out_in_no_folder": ("specexp.collect", ["{sweep}", "--out", "{missing}/x"], "the folder {missing} does not exist"),
+    "figures_of_nothing": ("specexp.figures", ["{empty}"], "nothing to plot under {empty}"),
+}
+
+
+def test_every_command_answers_bad_input_in_one_line_and_writes_nothing(tmp_path):
+    sweep, empty = tmp_path / "sweep", tmp_path / "empty"
+    (sweep / "job" / ".hydra").mkdir(parents=True)
+    (sweep / "job" / ".hydra" / "config.yaml").write_text("draft: {name: none}\n")
+    empty.mkdir()
+    places = {"sweep": sweep, "empty": empty, "missing": tmp_path / "missing"}
+    before = {p for p in tmp_path.rglob("*")}
+    calls = {case: (module, [a.format(**places) for a in args] + (
+        [f"hydra.run.dir={tmp_path / case}", f"hydra.sweep.dir={tmp_path / case}"] if "collect" not in module
+        and "figures" not in module else [])) for case, (module, args, _) in OTHER_COMMANDS_BAD_INPUTS.items()}
+    for case, out in run_each(calls).items():
+        expected = OTHER_COMMANDS_BAD_INPUTS[case][2].format(**places)
+        error_lines = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (case, out.stderr[-2000:])
+        assert len(error_lines) == 1 and expected in error_lines[0], (case, out.stderr[-2000:])
+    assert {p for p in tmp_path.rglob("*")} == before  # no run folder, no figures/, no collected.*

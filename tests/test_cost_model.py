@@ -449,9 +449,9 @@ def test_draft_k_heuristic_builds_the_draft_for_k_max_under_hf_schedule(target):
     round's K with no profile (its schedule is test_engine's heuristic test)."""
     from hydra import compose, initialize_config_dir
 
-    from specexp.cli import CONFIG_DIR
     from specexp.costs.k_choice import make_policy
     from specexp.drafts.build import build_draft
+    from specexp.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["draft=prompt_lookup", "draft.k=heuristic", "draft.k_max=6"])

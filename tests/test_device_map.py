@@ -5,12 +5,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from specexp.cli import CONFIG_DIR
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.errors import UserInputError
 from specexp.models import load_model, spread_over_devices
+from specexp.paths import CONFIG_DIR
 from specexp.runtime import LeanRuntime
 from tests.conftest import tiny_model
 

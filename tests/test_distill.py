@@ -229,7 +229,7 @@ def test_wandb_logger_gets_the_validation_alpha(tiny_pair, tmp_path, monkeypatch
     from hydra import compose, initialize_config_dir
     from lightning.pytorch.loggers import WandbLogger
 
-    from specexp.cli import CONFIG_DIR
+    from specexp.paths import CONFIG_DIR
     from tests.wandb_reader import offline_run
 
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -273,7 +273,7 @@ def test_shipped_distilled_draft_runs_exactly_on_the_default_target(tmp_path, dr
     profile and K chosen by it: the temperature_sweep notebook's smoke sweep)."""
     from hydra import compose, initialize_config_dir
 
-    from specexp.cli import CONFIG_DIR
+    from specexp.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         assert compose(config_name="config", overrides=[f"draft={draft}"]).draft.k == "auto"  # as shipped

@@ -37,6 +37,21 @@ def test_every_entry_point_answers_help(module, help_answers):
     assert all(words.lower() in text for words in OWN_WORDS[module]), text[-2000:]
 
 
+# a command composing Hydra configs lists only its own groups and experiments, and its top-level keys
+NOT_ITS_OWN = {"specexp": ["student:", "distill_eagle3", "trainer_logger:"],
+               "specexp.distill": ["draft:", "sampling:", "k_sweep", "aa_control"]}
+OWN_KEYS = {"specexp": ["max_new_tokens=64", "experiment: aa_control"],
+            "specexp.distill": ["objective=tvd", "experiment: distill_ablation"]}
+
+
+@pytest.mark.xdist_group("help_answers")
+@pytest.mark.parametrize("module", NOT_ITS_OWN)
+def test_a_configured_command_lists_only_its_own_groups_experiments_and_keys(module, help_answers):
+    text = help_answers[module].stdout
+    assert all(words in text for words in OWN_KEYS[module]), text
+    assert not [words for words in NOT_ITS_OWN[module] if words in text], text
+
+
 def test_commands_in_the_shared_interpreter_keep_their_own_status_and_output():
     """tests/command_server.py, which runs a test process's commands one after another: a failing
     command's exit status and its one error line stay its own, and the next command runs afresh after it."""

@@ -212,9 +212,9 @@ TOP2 = SamplingConfig(temperature=1.0, top_k=2)
 def default_pair():
     from hydra import compose, initialize_config_dir
 
-    from specexp.cli import CONFIG_DIR
     from specexp.drafts.build import build_draft
     from specexp.models import load_embedded_target
+    from specexp.paths import CONFIG_DIR
 
     target = load_embedded_target("float32", "cpu")
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

@@ -169,8 +169,8 @@ def test_preparing_studies_leaves_the_kept_weights_as_loaded():
     keeps for its next job."""
     from hydra import compose, initialize_config_dir
 
-    from specexp.cli import CONFIG_DIR
     from specexp.models import EMBEDDED_NAME, load_embedded_target
+    from specexp.paths import CONFIG_DIR
     from specexp.study.run import prepare
 
     load_embedded_target("float32", "cpu")

@@ -14,13 +14,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from specexp import draft_vocab
-from specexp.cli import CONFIG_DIR, missing_value
+from specexp.configs import missing_value
 from specexp.draft_vocab import vocab_fingerprint, vocab_hash
 from specexp.drafts.build import build_draft
 from specexp.drafts.registry import draft_cards
 from specexp.errors import UserInputError
 from specexp.ngram import cached
 from specexp.ngram.corpus import PACKAGED_TEXTS, packaged_text
+from specexp.paths import CONFIG_DIR
 from tests.commands import run_each, run_specexp
 from tests.conftest import build_ngram_files, tiny_model
 

@@ -40,7 +40,7 @@ def test_a_wheel_install_composes_and_runs_a_user_experiment_from_another_folder
     (user_conf / "experiment" / "mine.yaml").write_text(USER_EXPERIMENT)
     elsewhere.mkdir()
     env = {**os.environ, **OFFLINE_WANDB, "PYTHONPATH": str(site)}  # the installed copy, not the checkout
-    where = run([sys.executable, "-c", "import specexp.cli; print(specexp.cli.__file__); print(specexp.cli.CONFIG_DIR)"],
+    where = run([sys.executable, "-c", "import specexp.paths; print(specexp.paths.__file__); print(specexp.paths.CONFIG_DIR)"],
                 cwd=elsewhere, env=env)
     module_file, config_dir = where.stdout.split()
     assert module_file.startswith(str(site)) and config_dir == str(site / "specexp" / "conf")

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from specexp.cli import CONFIG_DIR
+from specexp.paths import CONFIG_DIR
 from specexp.reporting.job_table import collect
 from specexp.study.prediction import fixed_k_config
 from tests.commands import run_each, run_module, run_specexp

@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specexp.cli import CONFIG_DIR
+from specexp.paths import CONFIG_DIR
 from tests.commands import REPO, run_module, run_specexp
 from tests.wandb_reader import offline_run
 

@@ -34,8 +34,8 @@ from specexp.core.metrics import position_counts
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.core.tree_policy import slot_counts
 from specexp.errors import UserInputError
-from specexp.models import cache_root
 from specexp.output import short_hash, write_atomic
+from specexp.paths import cache_root
 from specexp.runtime import draft_models
 from specexp.runtime.matmul import hardware_fingerprint
 

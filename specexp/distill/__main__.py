@@ -9,6 +9,7 @@ export the best student (by val/alpha) as an HF folder that `draft=small_lm draf
 """
 
 import json
+import sys
 from pathlib import Path
 
 import hydra
@@ -18,7 +19,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specexp.cli import CONFIG_DIR, one_line_errors
+from specexp.cli import fail, one_line_errors
+from specexp.configs import answer_help, check_command_line, hydra_arguments
 from specexp.distill.data import (
     DistillDataModule,
     cached_dataset,
@@ -40,7 +42,8 @@ from specexp.distill.objectives import objective
 from specexp.draft_vocab import DraftVocab, frequent_tokens, vocab_fingerprint
 from specexp.drafts.registry import use_line
 from specexp.errors import UserInputError
-from specexp.models import LoadedModel
+from specexp.models import LoadedModel, resolve_device, resolve_dtype
+from specexp.paths import CONFIG_DIR
 
 
 def distill(cfg: DictConfig, out_dir: Path) -> dict:
@@ -144,5 +147,25 @@ def main(cfg: DictConfig) -> float | None:
     return result["best_alpha"]
 
 
+def check_distill_config(cfg: DictConfig) -> None:
+    """What a distillation's config can be wrong in before the target loads (each a one-line UserInputError)."""
+    objective(cfg.objective)
+    resolve_dtype(cfg.dtype, resolve_device(cfg.device))
+    if cfg.ckpt_path not in (None, "last") and not Path(cfg.ckpt_path).exists():
+        raise UserInputError(f"ckpt_path '{cfg.ckpt_path}' does not exist; give a .ckpt file, 'last' or null")
+
+
+def check_before_hydra(argv: list[str]) -> None:
+    """Bad overrides, and in a single run bad values, end the command before Hydra writes a run folder."""
+    answer_help("distill", argv)
+    try:
+        cfg = check_command_line("distill", argv)
+        if cfg is not None and not hydra_arguments(argv).multirun:
+            check_distill_config(cfg)
+    except UserInputError as error:
+        fail(error)
+
+
 if __name__ == "__main__":
+    check_before_hydra(sys.argv[1:])
     main()

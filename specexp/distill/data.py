@@ -20,9 +20,10 @@ from torch.utils.data import DataLoader
 from specexp.distill.objectives import top_k_targets, warped_log_probs
 from specexp.draft_vocab import DraftVocab, vocab_fingerprint
 from specexp.errors import UserInputError
-from specexp.models import LoadedModel, cache_root
+from specexp.models import LoadedModel
 from specexp.ngram.corpus import corpus_documents, join_documents, map_fingerprint
 from specexp.output import short_hash
+from specexp.paths import cache_root
 
 
 def token_blocks(documents: list[list[int]], separator: int, block_size: int) -> datasets.Dataset:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specexp.cli import CONFIG_DIR
 from specexp.core.interface import Drafter
 from specexp.errors import UserInputError
+from specexp.paths import CONFIG_DIR
 
 POLICY_DIR = Path(CONFIG_DIR) / "k_policy"  # a K policy is conf/k_policy/NAME.yaml (costs/k_choice.py builds it)
 DEFAULT_K_MAX = 8
@@ -48,6 +48,9 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
                                      f"(draft.branches={draft_cfg.get('branches', 1)})")
             k = "auto"
         if not isinstance(k, str):
+            if k is not None and (not isinstance(k, int) or k < 0):  # 0 is the A/A control: built, never asked
+                raise UserInputError(f"draft.k={k} is not allowed; give an integer >= 1 (0: never propose, the A/A "
+                                     f"control), or one of: {', '.join(policy_names())}")
             return draft_cfg, None
         if k not in policy_names():
             raise UserInputError(f"draft.k={k} is not allowed; give an integer >= 1, or one of: {', '.join(policy_names())}")
@@ -74,11 +77,37 @@ def draft_name(draft_cfg: DictConfig) -> str:
     return str(draft_cfg.get("name") or str(draft_cfg.get("_target_", "")).rsplit(".", 1)[-1])
 
 
+def check_draft_arguments(resolved: DictConfig, name: str) -> None:
+    """A key the draft's constructor does not take (``+draft.kk=3``) is one line naming it and the keys it takes."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    try:
+        constructor = get_object(str(resolved.get("_target_")))
+    except Exception as error:  # Hydra's ImportError words name the module it could not import
+        raise UserInputError(f"draft={name}: _target_ '{resolved.get('_target_')}' cannot be imported ({error})") from None
+    parameters = list(inspect.signature(constructor).parameters.values())[1:]  # the first is the target, given at build
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    takes = [p.name for p in parameters]
+    for key in resolved:
+        if not str(key).startswith("_") and key not in takes:
+            raise UserInputError(f"draft={name} takes no key '{key}'; its keys: {', '.join(['k_max', 'tree', *takes])}")
+
+
+def check_draft_config(draft_cfg: DictConfig) -> None:
+    """Everything a draft config can be wrong in that needs no model: draft.k, its policy's keys, and keys its
+    constructor does not take (each a UserInputError line)."""
+    check_draft_arguments(resolve_draft_k(draft_cfg)[0], draft_name(draft_cfg))
+
+
 def build_draft(draft_cfg: DictConfig, target) -> BuiltDraft:
     """The drafter a draft config makes for this target, as a study builds it."""
     from hydra.utils import instantiate  # Hydra's import costs seconds: only a build needs it
 
     resolved, policy = resolve_draft_k(draft_cfg)
+    check_draft_arguments(resolved, draft_name(draft_cfg))
     never = policy is None and resolved.get("k") == 0  # draft.k=0: the A/A control with this draft built
     if never:
         with open_dict(resolved):

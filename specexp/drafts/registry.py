@@ -13,8 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from specexp.cli import CONFIG_DIR
 from specexp.errors import UserInputError
+from specexp.paths import CONFIG_DIR
 
 CARD_KEYS = {"label", "colour", "variants", "pairing", "trained_by", "with_k_policy", "tests"}
 TESTS_KEYS = {"exactness", "bad_options"}

@@ -17,12 +17,13 @@ from filelock import FileLock
 
 from specexp.draft_vocab import vocab_fingerprint
 from specexp.errors import UserInputError
-from specexp.models import LoadedModel, cache_root
+from specexp.models import LoadedModel
 from specexp.ngram.corpus import corpus_documents, join_documents
 from specexp.ngram.datastore import SuffixDatastore
 from specexp.ngram.kneser_ney import KneserNeyLM, check_order
 from specexp.ngram.storage import load_npz, save_npz
 from specexp.output import short_hash
+from specexp.paths import cache_root
 
 log = logging.getLogger(__name__)
 

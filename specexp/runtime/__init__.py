@@ -22,7 +22,8 @@ from torch import nn
 from specexp.core.interface import Drafter
 from specexp.core.kv import StaticRaggedKV
 from specexp.errors import UserInputError
-from specexp.models import LoadedModel, cache_root, spread_over_devices
+from specexp.models import LoadedModel, spread_over_devices
+from specexp.paths import cache_root
 from specexp.runtime.compiled import CompiledDecoder, StepCompiler, bucket
 from specexp.runtime.decoder import LeanDecoder, existing_decoder, lean_decoder, unsupported_reason
 from specexp.runtime.int8 import Int8WeightLinear

@@ -34,6 +34,7 @@ from specexp.models import LoadedModel
 from specexp.runtime import round_rows
 from specexp.runtime.compiled import CompiledDecoder, StepCompiler, full_pass
 from specexp.study import intervals, timing
+from specexp.study.checks import check_study_config
 from specexp.study.divergence import divergence, divergence_line
 from specexp.study.references import greedy_continuations
 from specexp.study.summary import summarize
@@ -71,10 +72,7 @@ class Study:
 def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
     """Build and check everything a run needs; raises UserInputError on bad input.
     ``force_profile``: measure this machine's hardware profile again even if one is cached."""
-    if cfg.max_new_tokens < 1:
-        raise UserInputError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1")
-    if cfg.batch_size < 1:
-        raise UserInputError(f"batch_size={cfg.batch_size} must be >= 1")
+    check_study_config(cfg)
     sampling = instantiate(cfg.sampling)
     prompts = instantiate(cfg.data)
     if not prompts:

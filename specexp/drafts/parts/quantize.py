@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from specexp.errors import UserInputError
-from specexp.models import cache_root
+from specexp.paths import cache_root
 from specexp.runtime.int8 import Int8WeightLinear, int8_per_channel, int8_supported  # noqa: F401  (re-exported)
 from specexp.runtime.matmul import MatmulPlans, shape_key
 
