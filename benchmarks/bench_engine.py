@@ -20,11 +20,11 @@ import torch
 from common import decode_hf, decode_ours, machine
 from hydra import compose, initialize_config_dir
 
-from specexp.cli import CONFIG_DIR
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.models import LoadedModel, first_layers, load_embedded_target
+from specexp.paths import CONFIG_DIR
 from specexp.study.run import run_from_config
 
 

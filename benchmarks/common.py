@@ -127,10 +127,10 @@ def study_draft(target: LoadedModel, forward, runtime_record: dict, name: str, p
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from specexp.cli import CONFIG_DIR
     from specexp.costs.hardware_profile import PROFILED_K, draft_key, ensure_profile
     from specexp.costs.k_choice import make_policy
     from specexp.drafts.build import resolve_draft_k
+    from specexp.paths import CONFIG_DIR
     from specexp.runtime import round_rows
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):

@@ -41,13 +41,13 @@ from hydra import compose, initialize_config_dir
 from transformers.generation import candidate_generator
 from transformers.generation import utils as generation_utils
 
-from specexp.cli import CONFIG_DIR
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench, spec_bench
 from specexp.drafts.build import build_draft
 from specexp.drafts.small_lm import small_lm_draft
 from specexp.models import LoadedModel, load_embedded_gemma3, load_embedded_target
+from specexp.paths import CONFIG_DIR
 from specexp.runtime import LeanRuntime, round_rows
 
 SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}

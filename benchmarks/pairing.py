@@ -26,7 +26,7 @@ import pandas as pd
 from common import report_header, write_report
 from hydra import compose, initialize_config_dir
 
-from specexp.cli import CONFIG_DIR
+from specexp.paths import CONFIG_DIR
 from specexp.study.prediction import predict_pair
 from specexp.study.run import prepare, run_from_config
 

@@ -25,13 +25,13 @@ from common import report_header, write_report
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from specexp.cli import CONFIG_DIR
 from specexp.core import engine
 from specexp.core.k_policy import ModelK
 from specexp.core.readbacks import ReadbackCounter
 from specexp.core.tree_policy import TreeK
 from specexp.data import encode_prompts
 from specexp.drafts.build import resolve_draft_k
+from specexp.paths import CONFIG_DIR
 from specexp.runtime import round_rows
 from specexp.study.references import greedy_continuations
 

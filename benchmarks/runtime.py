@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 from common import decode_hf, decode_ours, interleaved_summaries, machine, stream_bandwidth, study_draft
 
-from specexp.cli import CONFIG_DIR
 from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.models import load_embedded_target
+from specexp.paths import CONFIG_DIR
 from specexp.reporting.report import fmt
 from specexp.runtime import HFRuntime, LeanRuntime, round_rows
 
