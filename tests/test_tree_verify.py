@@ -13,7 +13,7 @@ import torch
 
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.core.tree import chain_parents, tree_depths
-from specexp.core.verify import greedy_verify, speculative_verify, tree_verify
+from specexp.core.verify import greedy_verify, tree_verify
 from tests.stats import P_VALUE_THRESHOLD, chi_square_p_value
 
 TRIALS = 200_000
@@ -134,14 +134,15 @@ def test_rows_of_a_batch_walk_their_own_trees():
     assert chi_square_p_value(counts, joint(p)) > P_VALUE_THRESHOLD
 
 
-def test_a_chain_is_speculative_verify_to_the_bit():
+def test_a_chain_takes_the_walks_path_to_the_bit():
+    """parents None (the accepted prefix, no walk) gives what the walk gives over parents i - 1."""
     g = torch.Generator().manual_seed(0)
     B, K, Vc = 50_000, 4, 9
     p = torch.softmax(2 * torch.randn(B, K + 1, Vc, generator=g), -1)
     q = torch.softmax(torch.log(p[:, :K] + 1e-3) + torch.randn(B, K, Vc, generator=g), -1)
     q[::7, 2:] = 0.0  # rows proposing fewer tokens: padding past their own count
     tokens = sample(q.clamp_min(0) + (q.sum(-1, keepdim=True) == 0), g)
-    n_chain, next_chain = speculative_verify(tokens, q, p, torch.Generator().manual_seed(1))
+    _, n_chain, next_chain = tree_verify(tokens, None, q, p, torch.Generator().manual_seed(1))
     path, n_tree, next_tree = tree_verify(tokens, chain_parents(B, K, tokens.device), q, p,
                                           torch.Generator().manual_seed(1))
     assert torch.equal(n_tree, n_chain) and torch.equal(next_tree, next_chain)
@@ -208,7 +209,7 @@ def test_the_test_catches_a_rule_without_the_sibling_residual():
     p, q = tables(1, warp), tables(2, SamplingConfig(temperature=1.3))
     tokens, draft, target = draw_tree(TREE, SHAPES["iid"], p, q, g)
     # Each sibling verified on its own against the parent's p: root children 0, 1, 2 as three chains.
-    n0, _ = speculative_verify(tokens[:, :1], draft[:, :1], target[:, :2], g)
-    n1, _ = speculative_verify(tokens[:, 1:2], draft[:, 1:2], target[:, [0, 2]], g)
+    _, n0, _ = tree_verify(tokens[:, :1], None, draft[:, :1], target[:, :2], g)
+    _, n1, _ = tree_verify(tokens[:, 1:2], None, draft[:, 1:2], target[:, [0, 2]], g)
     first = torch.where(n0 > 0, tokens[:, 0], torch.where(n1 > 0, tokens[:, 1], sample(target[:, 0], g)))
     assert chi_square_p_value(torch.bincount(first, minlength=V), p[0]) < P_VALUE_THRESHOLD

@@ -4,8 +4,14 @@ import pytest
 import torch
 
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
-from specexp.core.verify import speculative_verify
+from specexp.core.verify import tree_verify
 from tests.stats import P_VALUE_THRESHOLD, chi_square_p_value
+
+
+def chain_verify(draft_tokens, draft_probs, target_probs, generator):
+    """The rule on a chain of K tokens per row: n_accepted [B] and the next token [B]."""
+    return tree_verify(draft_tokens, None, draft_probs, target_probs, generator)[1:]
+
 
 TRIALS = 200_000  # rows of one batched call: each row is an independent trial
 V = 7
@@ -28,7 +34,7 @@ def _setup(seed: int, K: int, warp: SamplingConfig, q_mode: str):
         q = torch.nn.functional.one_hot(sample(p[:K], g), V).float()
     q_rows = q.expand(TRIALS, K, V)
     draft_tokens = sample(q_rows, g)  # [TRIALS, K]: x_i ~ q_i
-    n_acc, nxt = speculative_verify(draft_tokens, q_rows, p.expand(TRIALS, K + 1, V), g)
+    n_acc, nxt = chain_verify(draft_tokens, q_rows, p.expand(TRIALS, K + 1, V), g)
     return p, draft_tokens, n_acc, nxt
 
 
@@ -85,7 +91,7 @@ def test_one_hot_p_and_q_is_the_greedy_rule():
     drafted = torch.where(torch.arange(K) < agree_len[:, None], target_argmax[:, :K], (target_argmax[:, :K] + 1) % Vg)
     p = logits_to_probs(torch.nn.functional.one_hot(target_argmax, Vg).double(), greedy)
     q = logits_to_probs(torch.nn.functional.one_hot(drafted, Vg).double(), greedy)
-    n_acc, nxt = speculative_verify(drafted, q, p, g)
+    n_acc, nxt = chain_verify(drafted, q, p, g)
     assert torch.equal(n_acc, agree_len)
     assert torch.equal(nxt, target_argmax.gather(1, agree_len[:, None]).squeeze(1))
 
@@ -98,7 +104,7 @@ def test_zero_q_position_is_rejected_and_resampled_from_p():
     drafted = torch.zeros(B, K, dtype=torch.long)
     q = torch.zeros(B, K, Vg)
     q[:, 0, 0] = 1.0  # one real proposal, then padding
-    n_acc, nxt = speculative_verify(drafted, q, p, g)
+    n_acc, nxt = chain_verify(drafted, q, p, g)
     assert int(n_acc.max()) <= m
     got_bonus = n_acc == m
     assert chi_square_p_value(torch.bincount(nxt[got_bonus], minlength=Vg), p[0, m]) > P_VALUE_THRESHOLD
@@ -107,7 +113,7 @@ def test_zero_q_position_is_rejected_and_resampled_from_p():
 def test_k_zero_samples_from_p():
     g = torch.Generator().manual_seed(1)
     p = torch.softmax(torch.randn(1, 1, 6, generator=g), -1).expand(100_000, 1, 6)
-    n_acc, nxt = speculative_verify(torch.zeros(100_000, 0, dtype=torch.long), torch.zeros(100_000, 0, 6), p, g)
+    n_acc, nxt = chain_verify(torch.zeros(100_000, 0, dtype=torch.long), torch.zeros(100_000, 0, 6), p, g)
     assert int(n_acc.max()) == 0
     assert chi_square_p_value(torch.bincount(nxt, minlength=6), p[0, 0]) > P_VALUE_THRESHOLD
 

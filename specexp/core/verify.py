@@ -27,41 +27,6 @@ from specexp.core.sampling import sample
 from specexp.core.tree import tree_depths
 
 
-def speculative_verify(
-    draft_tokens: torch.Tensor,  # [B, K] long
-    draft_probs: torch.Tensor,  # [B, K, V]
-    target_probs: torch.Tensor,  # [B, K+1, V]
-    generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Verify K draft tokens per row against the target.
-
-    Returns n_accepted [B] long in 0..K and next_token [B] long: the residual resample at
-    the first rejection, or the bonus token from ``target_probs[:, K]`` when all K pass.
-    """
-    B, K = draft_tokens.shape
-    p_x = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, K]
-    q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, K]
-    u = torch.rand(B, K, generator=generator, device=draft_tokens.device)  # [B, K] in [0, 1)
-    # u < p/q, written without division; p >= q always passes since u < 1.
-    accepted = (q_x > 0) & (u * q_x < p_x)  # [B, K]
-    n_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]: accepted prefix length
-
-    # Residual at the first rejected position n. q counts as zero at position K, so rows
-    # that accepted all K get the bonus token from p_K through the same line.
-    rows = torch.arange(B, device=draft_tokens.device)
-    p_n = target_probs[rows, n_accepted]  # [B, V]
-    if K == 0:
-        q_n = torch.zeros_like(p_n)
-    else:
-        q_n = draft_probs[rows, n_accepted.clamp_max(K - 1)] * (n_accepted < K)[:, None]  # [B, V]
-    residual = (p_n - q_n).clamp_min(0)  # [B, V]
-    # p_n == q_n leaves no mass; rejection then had probability 0, so only rounding got us
-    # here and p_n is the right distribution.
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
-    next_token = sample(residual, generator)  # [B]
-    return n_accepted, next_token
-
-
 def tree_verify(
     tree_tokens: torch.Tensor,  # [B, N] long
     parents: torch.Tensor | None,  # [B, N] long: -1 for a child of the root (the committed tip), else an index < i; None: a chain
@@ -78,8 +43,8 @@ def tree_verify(
     is accepted, or the node has none, the next token is drawn from r. Siblings drawn i.i.d. from
     the parent's q pass that q for each; drawn without replacement, q with the earlier siblings
     removed and renormalised; deterministic, one-hot. An all-zero q row is a padding node, never
-    accepted, whose rejection leaves r as it was. A chain (``parents`` None: parents[i] = i - 1) is
-    `speculative_verify`, to the bit for the same generator.
+    accepted, whose rejection leaves r as it was. A chain (``parents`` None: parents[i] = i - 1) takes
+    the accepted prefix without the walk, to the bit what the walk gives for the same generator.
     """
     B, N = tree_tokens.shape
     device = tree_tokens.device

@@ -56,12 +56,6 @@ def resample_counts(n: int, resamples: int, rng: np.random.Generator) -> np.ndar
     return rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(float)
 
 
-def ratio_samples(numerators: np.ndarray, denominators: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """sum(num) / sum(den) per resample: numerators, denominators [n] or [n, M], counts [R, n] -> [R] or [R, M]."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (counts @ numerators) / (counts @ denominators)
-
-
 @functools.lru_cache(maxsize=4096)
 def t_quantile(dof: float, confidence: float = CONFIDENCE) -> float:
     """The two-sided ``confidence`` quantile of Student's t with ``dof`` degrees of freedom."""
