@@ -19,7 +19,7 @@ from specexp.data import Prompt
 from specexp.models import LoadedModel
 from specexp.runtime.matmul import cpu_model
 from specexp.study.run import batch_record, round_table
-from specexp.study.summary import summarize
+from specexp.study.summary import RunFacts, summarize
 
 GREEDY = SamplingConfig()
 
@@ -108,8 +108,8 @@ def interleaved_summaries(target: LoadedModel, prompts: list[Prompt], encoded: l
     for name in names[1:]:
         _, k, _, draft = methods[name]
         summary = summarize(pd.concat([ar_rounds, *rounds[name]], ignore_index=True),
-                            pd.concat([ar_batches, pd.DataFrame(batches[name])], ignore_index=True), k,
-                            profile=profile if draft else None, draft=draft or "").to_dict()
+                            pd.concat([ar_batches, pd.DataFrame(batches[name])], ignore_index=True).assign(repeat=0),
+                            RunFacts(k, profile=profile if draft else None, draft_profile=draft or "")).to_dict()
         ratios = [len(tokens[name][p][0]) / tokens[name][p][1] / (len(tokens["ar"][p][0]) / tokens["ar"][p][1])
                   for p in tokens[name]]
         summary["median_prompt_speedup"] = statistics.median(ratios)

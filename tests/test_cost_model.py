@@ -15,7 +15,7 @@ from specexp.core.tree_policy import TreeK, slot_counts
 from specexp.costs import cost_model
 from specexp.costs.hardware_profile import Profile
 from specexp.errors import UserInputError
-from specexp.study.summary import summarize
+from specexp.study.summary import RunFacts, summarize
 from tests.commands import run_each, run_module
 
 
@@ -62,11 +62,11 @@ def test_prediction_of_a_hand_made_run():
         "round": [0, 1, 2, 0, 1, 2, 3, 4, 5], "k": [2] * 3 + [0] * 6, "k_chosen": [2] * 3 + [0] * 6,
         "k_round": [2] * 3 + [0] * 6, "context": [100, 103, 104, 100, 101, 102, 103, 104, 105],
         "proposed": [2, 2, 2] + [0] * 6, "accepted": [2, 0, 1] + [0] * 6, "emitted": [3, 1, 2] + [1] * 6,
-        "draft_s": [0.01] * 3 + [0.0] * 6, "target_s": [0.2] * 3 + [0.1] * 6, "verify_s": [0.01] * 9,
+        "draft_s": [0.01] * 3 + [0.0] * 6, "reencode_s": 0.0, "target_s": [0.2] * 3 + [0.1] * 6, "verify_s": [0.01] * 9,
     })
-    batches = pd.DataFrame({"mode": ["spec", "ar"], "batch": 0, "category": "c", "tokens": [7, 7],
+    batches = pd.DataFrame({"mode": ["spec", "ar"], "batch": 0, "repeat": 0, "category": "c", "tokens": [7, 7],
                             "total_s": [0.9, 0.85], "prefill_s": [0.1, 0.1], "prompt_length": [160, 160]})
-    s = summarize(rounds, batches, k=2, profile=hand_profile(), draft="d").to_dict()
+    s = summarize(rounds, batches, RunFacts(k=2, profile=hand_profile(), draft_profile="d")).to_dict()
     # Curve: a1 = 2/3, a2 = 1/2 -> E[tokens | 2 proposed] = 1 + 2/3 + 1/3 = 2 per round.
     assert s["predicted_tokens_per_round"] == pytest.approx(2.0)
     prefill = 0.125  # interpolated at 160 tokens

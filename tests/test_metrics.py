@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from specexp.core import metrics
-from specexp.study.summary import summarize
+from specexp.study.summary import RunFacts, summarize
 
 
 def test_acceptance_curve_is_conditional_per_position():
@@ -40,14 +40,14 @@ def test_summary_of_a_hand_made_run():
     rounds = pd.DataFrame({
         "mode": ["spec", "spec", "spec", "ar", "ar", "ar", "ar", "ar", "ar"],
         "batch": 0, "prompt_id": "p", "category": "c", "round": [0, 1, 2, 0, 1, 2, 3, 4, 5],
-        "k": [2, 2, 2, 0, 0, 0, 0, 0, 0], "k_round": [2, 2, 2, 0, 0, 0, 0, 0, 0],
+        "k": [2, 2, 2, 0, 0, 0, 0, 0, 0], "k_chosen": [2, 2, 2, 0, 0, 0, 0, 0, 0], "k_round": [2, 2, 2, 0, 0, 0, 0, 0, 0],
         "proposed": [2, 2, 2, 0, 0, 0, 0, 0, 0], "accepted": [2, 0, 1, 0, 0, 0, 0, 0, 0],
         "emitted": [3, 1, 2, 1, 1, 1, 1, 1, 1],
-        "draft_s": [0.01] * 3 + [0.0] * 6, "target_s": [0.2] * 3 + [0.1] * 6, "verify_s": [0.01] * 9,
+        "draft_s": [0.01] * 3 + [0.0] * 6, "reencode_s": 0.0, "target_s": [0.2] * 3 + [0.1] * 6, "verify_s": [0.01] * 9,
     })
-    batches = pd.DataFrame({"mode": ["spec", "ar"], "batch": 0, "category": "c", "tokens": [6, 6],
+    batches = pd.DataFrame({"mode": ["spec", "ar"], "batch": 0, "repeat": 0, "category": "c", "tokens": [6, 6],
                             "total_s": [1.0, 1.5], "prefill_s": [0.1, 0.1]})
-    s = summarize(rounds, batches, k=2).to_dict()
+    s = summarize(rounds, batches, RunFacts(k=2)).to_dict()
     assert s["alpha"] == 3 / 5 and s["tau"] == 2.0
     assert s["acceptance_curve"] == [2 / 3, 1 / 2]
     assert s["speedup"] == pytest.approx(1.5)
@@ -64,13 +64,14 @@ def two_category_run() -> tuple[pd.DataFrame, pd.DataFrame]:
     for batch, (prompt, category, accepted) in enumerate([("p", "a", [2, 0, 1]), ("q", "b", [1, 1])]):
         for r, acc in enumerate(accepted):
             rows.append({"mode": "spec", "batch": batch, "prompt_id": prompt, "category": category, "round": r, "k": 2,
-                         "k_round": 2, "proposed": 2, "accepted": acc, "emitted": acc + 1, "draft_s": 0.02,
-                         "target_s": 0.2, "verify_s": 0.01})
+                         "k_chosen": 2, "k_round": 2, "proposed": 2, "accepted": acc, "emitted": acc + 1,
+                         "draft_s": 0.02, "reencode_s": 0.0, "target_s": 0.2, "verify_s": 0.01})
         for r in range(sum(accepted) + len(accepted)):
             rows.append({"mode": "ar", "batch": batch, "prompt_id": prompt, "category": category, "round": r, "k": 0,
-                         "k_round": 0, "proposed": 0, "accepted": 0, "emitted": 1, "draft_s": 0.0, "target_s": 0.1,
-                         "verify_s": 0.01})
-    batches = pd.DataFrame({"mode": ["spec", "ar", "spec", "ar"], "batch": [0, 0, 1, 1], "category": ["a", "a", "b", "b"],
+                         "k_chosen": 0, "k_round": 0, "proposed": 0, "accepted": 0, "emitted": 1, "draft_s": 0.0,
+                         "reencode_s": 0.0, "target_s": 0.1, "verify_s": 0.01})
+    batches = pd.DataFrame({"mode": ["spec", "ar", "spec", "ar"], "batch": [0, 0, 1, 1], "repeat": 0,
+                            "category": ["a", "a", "b", "b"],
                             "tokens": [6, 6, 4, 4], "total_s": [1.0, 1.5, 0.8, 0.9], "prefill_s": 0.1})
     return pd.DataFrame(rows), batches
 
@@ -81,14 +82,14 @@ def test_one_arm_metrics_measures_the_run_and_each_category():
     from specexp.study.summary import ArmMetrics, arm_metrics
 
     rounds, batches = two_category_run()
-    s = summarize(rounds, batches, k=2).to_dict()
+    s = summarize(rounds, batches, RunFacts(k=2)).to_dict()
     run = arm_metrics(rounds, batches)
     assert {name: s[name] for name in asdict(run)} == asdict(run)
     assert run.alpha == 5 / 9 and run.tau == 10 / 5 and run.speedup == pytest.approx((10 / 1.8) / (10 / 2.4))
     a = s["per_category"]["a"]
     assert a == asdict(arm_metrics(rounds[rounds["category"] == "a"], batches[batches["category"] == "a"]))
     assert set(a) == {f for f in asdict(ArmMetrics())} and a["alpha"] == 3 / 5 and a["speedup"] == pytest.approx(1.5)
-    mixed = summarize(rounds, batches, k=2, batches_by_category=False).to_dict()["per_category"]["b"]
+    mixed = summarize(rounds, batches, RunFacts(k=2, batches_by_category=False)).to_dict()["per_category"]["b"]
     assert mixed["speedup"] is None and mixed["alpha"] == 2 / 4  # batches that mix categories time no category apart
 
 

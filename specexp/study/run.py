@@ -37,7 +37,7 @@ from specexp.study import intervals, timing
 from specexp.study.checks import check_study_config
 from specexp.study.divergence import divergence, divergence_line
 from specexp.study.references import greedy_continuations
-from specexp.study.summary import summarize
+from specexp.study.summary import RunFacts, summarize
 from specexp.study.timing import TimingSettings
 from specexp.study.tracking import JobResults
 
@@ -239,77 +239,96 @@ def warm_graphs(study: Study, batches: list[list[int]]) -> None:
 def run_study(study: Study, results: JobResults, tracker, warmup: bool = True) -> dict:
     """Decode every batch with the AR baseline and the draft, then time the same work again until
     the speedup's interval is narrow enough (specexp.study.timing); write results as batches finish."""
-    target, drafter = study.target, study.drafter
-    eos, pad = target.eos_token_ids, target.pad_token_id
-
-    def decode(indices: list[int], with_draft: bool, seed: int, max_new: int, policy: KPolicy | None) -> GenerationOutput:
-        generator = torch.Generator(device=target.model.device).manual_seed(seed)
-        return generate(study.forward, [study.encoded[i] for i in indices], drafter if with_draft else None,
-                        study.sampling, max_new, eos, generator, pad, clock=study.clock,
-                        k_policy=policy if with_draft else None, k_max=study.k_max if with_draft else 0,
-                        compiled_settle=None if study.compiler is None else study.compiler.settle)
-
-    def time_batch(n: int, indices: list[int], repeat: int, policy: KPolicy | None) -> dict[bool, GenerationOutput]:
-        """One timing of both arms of batch n; the arm that leads alternates by batch and flips in
-        every odd repeat, so a pass's two timings of a batch run A B, then B A (specexp.study.timing)."""
-        spec_first = (n + repeat) % 2 == 1
-        order = (True, False) if spec_first else (False, True)
-        return {with_draft: decode(indices, with_draft, study.seed + n, study.max_new_tokens, policy)
-                for with_draft in order}
-
     batches = make_batches(study.prompts, study.batch_size, study.batch_by_category)
-    if warmup:  # first calls allocate and pick kernels: on the first batch's own shapes, both arms, untimed;
-        warm_graphs(study, batches)
-        for with_draft in (False, True):  # without the policy (the draft proposes its most; the policy's counts start clean)
-            decode(batches[0], with_draft, study.seed, min(study.max_new_tokens, WARMUP_TOKENS), None)
-
-    rounds, batch_records, all_answers, policies = [], [], [], []
+    if warmup:
+        warm_up(study, batches)
     if study.compiler is not None:
         study.compiler.timing_begins()
+    decoded = first_pass(study, batches, results)
+    records, timing_record = time_again(study, batches, decoded.records, decoded.policies, decoded.seconds)
+    rounds, timings = pd.concat(decoded.rounds, ignore_index=True), pd.DataFrame(records)
+    summary = summarize(rounds, timings, run_facts(study, decoded.answers, timing_record)).to_dict()
+    if summary["greedy_divergences"]:
+        print(divergence_line(summary["greedy_divergences"], len(decoded.answers), study.target.model.dtype))
+    results.finish(summary, rounds, timings, study.profile.record() if study.profile is not None else None)
+    tracker.log_run(summary, rounds, decoded.answers)
+    return summary
+
+
+def decode(study: Study, indices: list[int], with_draft: bool, seed: int, max_new: int,
+           policy: KPolicy | None) -> GenerationOutput:
+    """One arm's decode of the prompts at ``indices`` (the draft's, or the target alone)."""
+    target = study.target
+    generator = torch.Generator(device=target.model.device).manual_seed(seed)
+    return generate(study.forward, [study.encoded[i] for i in indices], study.drafter if with_draft else None,
+                    study.sampling, max_new, target.eos_token_ids, generator, target.pad_token_id, clock=study.clock,
+                    k_policy=policy if with_draft else None, k_max=study.k_max if with_draft else 0,
+                    compiled_settle=None if study.compiler is None else study.compiler.settle)
+
+
+def time_batch(study: Study, n: int, indices: list[int], repeat: int, policy: KPolicy | None) -> dict[bool, GenerationOutput]:
+    """One timing of both arms of batch n; the arm that leads alternates by batch and flips in every odd
+    repeat, so a pass's two timings of a batch run A B, then B A (specexp.study.timing)."""
+    order = (True, False) if (n + repeat) % 2 == 1 else (False, True)
+    return {with_draft: decode(study, indices, with_draft, study.seed + n, study.max_new_tokens, policy)
+            for with_draft in order}
+
+
+def warm_up(study: Study, batches: list[list[int]]) -> None:
+    """First calls allocate and pick kernels: the compiled graphs, then both arms on the first batch's own
+    shapes, untimed, without the K policy (the draft proposes its most; the policy's counts start clean)."""
+    warm_graphs(study, batches)
+    for with_draft in (False, True):
+        decode(study, batches[0], with_draft, study.seed, min(study.max_new_tokens, WARMUP_TOKENS), None)
+
+
+@dataclass
+class FirstPass:
+    """What the first pass decoded and how long it took: the round tables of both arms per batch, both
+    timings of each batch (A B, then B A), each prompt's answers and the K policy's state before each batch."""
+    rounds: list[pd.DataFrame]
+    records: list[dict]
+    answers: list[dict]
+    policies: list
+    seconds: float
+
+
+def first_pass(study: Study, batches: list[list[int]], results: JobResults) -> FirstPass:
+    """Decode every batch with both arms (answers written as each batch finishes) and time it twice."""
+    decoded = FirstPass([], [], [], [], 0.0)
     started = time.perf_counter()
     progress = tqdm(batches, desc="prompts", unit="batch", dynamic_ncols=True)
-    for n, indices in enumerate(progress):  # the first pass: what is decoded, and its timings
-        policies.append(copy.deepcopy(study.k_policy))  # the state later passes repeat this batch from
-        outs = time_batch(n, indices, 0, study.k_policy)
+    for n, indices in enumerate(progress):
+        decoded.policies.append(copy.deepcopy(study.k_policy))  # the state later passes repeat this batch from
+        outs = time_batch(study, n, indices, 0, study.k_policy)
         spec, ar = outs[True], outs[False]
         batch_prompts = [study.prompts[i] for i in indices]
-        rounds += [round_table(spec, batch_prompts, "spec", n, study.k_max), round_table(ar, batch_prompts, "ar", n, 0)]
+        decoded.rounds += [round_table(spec, batch_prompts, "spec", n, study.k_max),
+                           round_table(ar, batch_prompts, "ar", n, 0)]
         prompt_length = max(len(study.encoded[i]) for i in indices)
-        batch_records += batch_records_of(outs, n, 0, batch_prompts[0].category, prompt_length)
-        batch_records += batch_records_of(time_batch(n, indices, 1, copy.deepcopy(policies[n])), n, 1,
-                                          batch_prompts[0].category, prompt_length)  # B A: the pass's second half
-        answers = _answer_rows(study.prompts, indices, spec, ar, target.tokenizer)
+        decoded.records += batch_records_of(outs, n, 0, batch_prompts[0].category, prompt_length)
+        again = time_batch(study, n, indices, 1, copy.deepcopy(decoded.policies[n]))  # B A: the pass's second half
+        decoded.records += batch_records_of(again, n, 1, batch_prompts[0].category, prompt_length)
+        answers = _answer_rows(study.prompts, indices, spec, ar, study.target.tokenizer)
         if study.sampling.greedy:
             _add_divergences(study, indices, answers)
-        all_answers += answers
+        decoded.answers += answers
         results.add_answers(answers)
         progress.set_postfix(spec_tok_s=f"{sum(len(t) for t in spec.tokens) / spec.total_s:.1f}",
                              ar_tok_s=f"{sum(len(t) for t in ar.tokens) / ar.total_s:.1f}")
-    batch_records, timing = time_again(study, batches, batch_records, policies, time_batch, time.perf_counter() - started)
+    decoded.seconds = time.perf_counter() - started
+    return decoded
 
-    rounds_df = pd.concat(rounds, ignore_index=True)
-    batches_df = pd.DataFrame(batch_records)
-    summary = summarize(rounds_df, batches_df, study.k_max, study.batch_by_category, study.profile, study.draft_name)
-    summary.timing = timing
-    summary.k_policy = study.k_setting
-    summary.draft_profile = study.draft_name
-    # greedy_match is only defined under greedy decoding, where it is 1.0 in float32; in bf16 the arms'
-    # pass shapes may round a near-tie apart (greedy_divergences says where, by how many rounding steps).
-    divergences = [{"prompt_id": a["prompt_id"], **a["divergence"]} for a in all_answers if a.get("divergence")]
-    if study.sampling.greedy:
-        summary.greedy_match = float(np.mean([a["identical"] for a in all_answers]))
-        summary.greedy_divergences = divergences
-    if divergences:
-        print(divergence_line(divergences, len(all_answers), target.model.dtype))
-    summary.n_prompts = len(study.prompts)
-    summary.target = target.name
-    summary.draft = study.draft_config
-    summary.vocab_overlap = drafter.traits.vocab_overlap if drafter is not None else None
-    summary.runtime = study.runtime | ({} if study.compiler is None else study.compiler.stats())
-    summary = summary.to_dict()
-    results.finish(summary, rounds_df, batches_df, study.profile.record() if study.profile is not None else None)
-    tracker.log_run(summary, rounds_df, all_answers)
-    return summary
+
+def run_facts(study: Study, answers: list[dict], timing_record: dict) -> RunFacts:
+    """What the summary says of the run besides its tables."""
+    drafter = study.drafter
+    return RunFacts(k=study.k_max, batches_by_category=study.batch_by_category, profile=study.profile,
+                    draft_profile=study.draft_name, draft=study.draft_config, target=study.target.name,
+                    k_policy=study.k_setting, n_prompts=len(study.prompts),
+                    vocab_overlap=drafter.traits.vocab_overlap if drafter is not None else None,
+                    runtime=study.runtime | ({} if study.compiler is None else study.compiler.stats()),
+                    timing=timing_record, greedy_answers=answers if study.sampling.greedy else None)
 
 
 def batch_records_of(outs: dict[bool, GenerationOutput], n: int, repeat: int, category: str | None,
@@ -320,7 +339,7 @@ def batch_records_of(outs: dict[bool, GenerationOutput], n: int, repeat: int, ca
             {"repeat": repeat, "first": first} for with_draft in (True, False)]
 
 
-def time_again(study: Study, batches: list[list[int]], records: list[dict], policies: list, time_batch,
+def time_again(study: Study, batches: list[list[int]], records: list[dict], policies: list,
                first_pass_s: float) -> tuple[list[dict], dict]:
     """The pilot's other passes, then the passes the pilot plans (specexp.study.timing; timings only,
     the same work); returns every timing record, each marked `pilot` or not, and what the timing did
@@ -331,7 +350,7 @@ def time_again(study: Study, batches: list[list[int]], records: list[dict], poli
         started = time.perf_counter()
         for n, indices in enumerate(tqdm(batches, desc=f"timing pass {p + 1}", unit="batch", dynamic_ncols=True)):
             for repeat in range(per_pass * p, per_pass * (p + 1)):
-                outs = time_batch(n, indices, repeat, copy.deepcopy(policies[n]))
+                outs = time_batch(study, n, indices, repeat, copy.deepcopy(policies[n]))
                 records.extend(batch_records_of(outs, n, repeat, study.prompts[indices[0]].category,
                                                 max(len(study.encoded[i]) for i in indices)))
         return time.perf_counter() - started

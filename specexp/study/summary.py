@@ -12,6 +12,7 @@ of their own.
 
 from dataclasses import asdict, dataclass, field, fields
 
+import numpy as np
 import pandas as pd
 
 from specexp.core import metrics
@@ -144,26 +145,41 @@ def interval_columns(summary: dict) -> dict:
     return columns
 
 
-def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_category: bool = True,
-              profile: Profile | None = None, draft: str = "") -> RunSummary:
-    """The measured part of one run's summary, with 95% intervals (specexp.study.intervals); run_study
-    adds what the run knows besides. ``batches`` holds every timing (repeats included); ``rounds``
-    what the first pass decoded."""
+@dataclass
+class RunFacts:
+    """What a run knows besides its round and batch tables; `summarize` puts all of it in the summary."""
+    k: int  # K's maximum: the draft's traits.k_max (0: never asked)
+    batches_by_category: bool = True  # batches never mix categories: each category's speedup is timed apart
+    profile: Profile | None = None  # this machine's costs, which the prediction is priced with
+    draft_profile: str = ""  # the draft's entry in the profile
+    draft: str | None = None  # the draft's config name
+    target: str | None = None
+    k_policy: str | None = None  # fixed, auto or heuristic
+    n_prompts: int | None = None
+    vocab_overlap: float | None = None
+    runtime: dict | None = None  # the runtime's settings and counters
+    timing: dict | None = None  # what the timing passes did (study/run.time_again)
+    greedy_answers: list[dict] | None = None  # greedy runs: each prompt's answer row (identical, divergence)
+
+
+def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, facts: RunFacts) -> RunSummary:
+    """One run's summary, with 95% intervals (specexp.study.intervals): ``rounds`` is what the first pass
+    decoded, ``batches`` every timing (repeats included), ``facts`` the rest."""
+    k, profile, draft = facts.k, facts.profile, facts.draft_profile
     spec, ar = metrics.arms(rounds)
-    first_pass = batches[batches["repeat"] == 0] if "repeat" in batches else batches  # what the rounds decoded
+    first_pass = batches[batches["repeat"] == 0]  # what the rounds decoded
     first_spec, first_ar = metrics.arms(first_pass)
     per_round = ["batch", "round"]
     spec_rounds = spec.drop_duplicates(per_round)  # round timings, once per batch round
     ar_rounds = ar.drop_duplicates(per_round)
     ar_step_s = ar_rounds["target_s"].mean()  # one target pass over one token
     drafted_positions = spec_rounds["k_round"].sum()
-    drafted_rounds = spec_rounds[spec_rounds["k_chosen"] > 0] if "k_chosen" in spec_rounds else spec_rounds
+    drafted_rounds = spec_rounds[spec_rounds["k_chosen"] > 0]
     c = metrics.safe_ratio(spec_rounds["draft_s"].sum() / max(drafted_positions, 1), ar_step_s) if drafted_positions else None
     run = arm_metrics(rounds, batches)
-    k_chosen = spec_rounds["k_chosen"] if "k_chosen" in spec_rounds else pd.Series([k] * len(spec_rounds))
-    mean_k = float(k_chosen.mean()) if len(spec_rounds) else float(k)
+    mean_k = float(spec_rounds["k_chosen"].mean()) if len(spec_rounds) else float(k)
     predicted = {}
-    never_drafted = not spec_rounds["k_chosen"].any() if "k_chosen" in spec_rounds else k == 0
+    never_drafted = not spec_rounds["k_chosen"].any()
     if profile is not None and (draft in profile.drafts or never_drafted) and len(spec) and len(ar):
         predicted = cost_model.predict_run(spec, ar, first_pass, k, profile, draft) | {"profile": profile.path}
     paired = intervals.paired_timings(batches)
@@ -192,15 +208,27 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, k: int, batches_by_ca
         if run.speedup and predicted.get("predicted_speedup") else None,
         predicted_speedup_iid=metrics.predicted_speedup(run.alpha, mean_k, c),
         time_split=time_split(spec_rounds, first_spec),
-        reencode_ms_per_round=1e3 * float(drafted_rounds["reencode_s"].mean())
-        if "reencode_s" in drafted_rounds and len(drafted_rounds) else None,
+        reencode_ms_per_round=1e3 * float(drafted_rounds["reencode_s"].mean()) if len(drafted_rounds) else None,
         rounds_spec=int(len(spec_rounds)),
         rounds_ar=int(len(ar_rounds)),
         tokens_spec=int(first_spec["tokens"].sum()),
         tokens_ar=int(first_ar["tokens"].sum()),
         per_category={cat: arm_metrics(rounds[rounds["category"] == cat],
-                                       batches[batches["category"] == cat] if batches_by_category else None)
+                                       batches[batches["category"] == cat] if facts.batches_by_category else None)
                       for cat in categories} or None,
+        timing=facts.timing,
+        k_policy=facts.k_policy,
+        draft_profile=facts.draft_profile,
+        # greedy_match is only defined under greedy decoding, where it is 1.0 in float32; in bf16 the arms'
+        # pass shapes may round a near-tie apart (greedy_divergences says where, by how many rounding steps).
+        greedy_match=float(np.mean([a["identical"] for a in facts.greedy_answers])) if facts.greedy_answers else None,
+        greedy_divergences=[{"prompt_id": a["prompt_id"], **a["divergence"]} for a in facts.greedy_answers
+                            if a.get("divergence")] if facts.greedy_answers is not None else None,
+        n_prompts=facts.n_prompts,
+        target=facts.target,
+        draft=facts.draft,
+        vocab_overlap=facts.vocab_overlap,
+        runtime=facts.runtime,
     )
 
 
@@ -209,7 +237,7 @@ def time_split(spec_rounds: pd.DataFrame, first_spec: pd.DataFrame) -> dict[str,
     return {
         "draft": float(spec_rounds["draft_s"].sum()),
         # of it: re-encoding text between the two tokenizers (a cross-vocabulary draft; else 0)
-        "draft_reencode": float(spec_rounds["reencode_s"].sum()) if "reencode_s" in spec_rounds else 0.0,
+        "draft_reencode": float(spec_rounds["reencode_s"].sum()),
         "target": float(spec_rounds["target_s"].sum()),
         "verify": float(spec_rounds["verify_s"].sum()),  # verify + commit + rewind bookkeeping
         "prefill": float(first_spec["prefill_s"].sum()),
