@@ -1,6 +1,8 @@
 """Every `python -m specexp.X` command answers --help with its own page (exit 0, no traceback): its usage
 line and words only that command's page says, never Hydra's generic page."""
 
+import re
+
 import pytest
 
 from tests.commands import run_each, run_module
@@ -50,6 +52,32 @@ def test_a_configured_command_lists_only_its_own_groups_experiments_and_keys(mod
     text = help_answers[module].stdout
     assert all(words in text for words in OWN_KEYS[module]), text
     assert not [words for words in NOT_ITS_OWN[module] if words in text], text
+
+
+ARGPARSE_COMMANDS = [m for m in ENTRY_POINTS if m not in NOT_ITS_OWN]
+
+
+def options_without_help(page: str) -> list[str]:
+    """The options an argparse page lists with no help text (nothing after the option, nor below it)."""
+    lines = page.splitlines()
+    bare = []
+    for i, line in enumerate(lines):
+        if re.match(r"  -", line) and len(re.split(r"\s{2,}", line.strip())) == 1:
+            below = lines[i + 1] if i + 1 < len(lines) else ""
+            if not re.match(r" {6,}\S", below) or re.match(r"  -", below):
+                bare.append(line.strip())
+    return bare
+
+
+@pytest.mark.xdist_group("help_answers")
+@pytest.mark.parametrize("module", ARGPARSE_COMMANDS)
+def test_every_option_of_a_command_says_what_it_does(module, help_answers):
+    assert options_without_help(help_answers[module].stdout) == []
+
+
+def test_an_option_without_help_is_found():
+    page = "options:\n  -h, --help            show this help\n  --device DEVICE\n  --seed SEED           seeds it\n"
+    assert options_without_help(page) == ["--device DEVICE"]
 
 
 def test_commands_in_the_shared_interpreter_keep_their_own_status_and_output():
