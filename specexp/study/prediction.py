@@ -106,11 +106,11 @@ def price_replayed(rounds: ReplayedRounds, k: int, study: Study, context: float,
     """The cost model's tau and speedup of the replayed rounds at K = k, each round priced with its own
     proposal length (cost_model.round_yields), and a 95% percentile interval of the speedup over
     prompts drawn with replacement (None from one prompt)."""
-    tokens, target_s = round_yields(rounds.run, np.asarray(rounds.proposed), k, study.profile, study.draft_name, context)
+    tokens, target_s = round_yields(rounds.run, np.asarray(rounds.proposed), k, study.profile, study.draft_profile, context)
     prompt = np.asarray(rounds.prompt)
 
     def speedup(tokens_per_round, target_s_per_round):
-        return price_rounds(tokens_per_round, target_s_per_round, k, study.profile, study.draft_name, context,
+        return price_rounds(tokens_per_round, target_s_per_round, k, study.profile, study.draft_profile, context,
                             prompt_length, study.max_new_tokens)
 
     n_prompts = int(prompt.max()) + 1 if len(prompt) else 0

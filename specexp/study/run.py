@@ -61,8 +61,8 @@ class Study:
     compiled: CompiledDecoder | None = None  # runtime.compile=true: `forward`, compiled (PreparedRuntime.compiled)
     compiler: StepCompiler | None = None  # runtime.compile=true: what compiled the target's and the draft's steps
     profile: Profile | None = None  # this machine's costs, which the cost model prices rounds with
-    draft_name: str = ""  # the draft's entry in the profile
-    draft_config: str = ""  # the draft's config name (distilled, target_prefix): summary["draft"]
+    draft_profile: str = ""  # the draft's entry in the profile (costs/hardware_profile.draft_key)
+    draft_name: str = ""  # the draft's config name (distilled, target_prefix): summary["draft"]
     k_policy: KPolicy | None = None  # draft.k=auto / heuristic; None: K fixed
     k_setting: str = "fixed"  # fixed, auto or heuristic
     timing: TimingSettings = field(default_factory=TimingSettings)  # how long the arms are timed
@@ -94,8 +94,8 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
                 f"it exceeds the target's context of {context} tokens"
             )
     study = Study(target, drafter, built.k_max, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
-                  cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_name=draft_key(built.config),
-                  draft_config=built.name, compiled=runtime.compiled, compiler=runtime.compiler,
+                  cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_profile=draft_key(built.config),
+                  draft_name=built.name, compiled=runtime.compiled, compiler=runtime.compiler,
                   timing=TimingSettings(**cfg.timing))
     if drafter.traits.greedy_only and not sampling.greedy:
         raise UserInputError(f"draft={type(drafter).__name__} needs greedy decoding; set sampling=greedy "
@@ -104,7 +104,7 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
         new_tokens = max(cfg.max_new_tokens, cfg.profile.new_tokens)
         drafter.set_reference(encoded, greedy_continuations(runtime.forward, target, encoded, new_tokens, cfg.batch_size))
     study.profile = study_profile(cfg, study, force_profile)
-    study.k_policy = make_policy(built.policy, study.profile, study.draft_name, drafter)
+    study.k_policy = make_policy(built.policy, study.profile, study.draft_profile, drafter)
     study.k_setting = built.policy or "fixed"
     return study
 
@@ -127,11 +127,11 @@ def study_profile(cfg: DictConfig, study: Study, force: bool = False) -> Profile
     cache, measured first when missing), with an entry for the study's draft."""
     settings = cfg.profile
     if settings.path is not None:
-        return load_profile(settings.path, study.draft_name if study.k_max > 0 else None)
+        return load_profile(settings.path, study.draft_profile if study.k_max > 0 else None)
     if not measures_profile(settings):
         return None
     drafter = study.drafter if study.k_max > 0 else None  # a draft never asked needs no entry
-    return ensure_profile(study.target, study.forward, study.runtime, drafter, study.draft_name,
+    return ensure_profile(study.target, study.forward, study.runtime, drafter, study.draft_profile,
                           study.encoded[0], study.batch_size, study.sampling, study.k_max,
                           context_lengths=list(settings.context_lengths), repeats=settings.repeats,
                           new_tokens=settings.new_tokens, draft_ks=settings.get("draft_ks"), force=force)
@@ -324,7 +324,7 @@ def run_facts(study: Study, answers: list[dict], timing_record: dict) -> RunFact
     """What the summary says of the run besides its tables."""
     drafter = study.drafter
     return RunFacts(k=study.k_max, batches_by_category=study.batch_by_category, profile=study.profile,
-                    draft_profile=study.draft_name, draft=study.draft_config, target=study.target.name,
+                    draft_profile=study.draft_profile, draft=study.draft_name, target=study.target.name,
                     k_policy=study.k_setting, n_prompts=len(study.prompts),
                     vocab_overlap=drafter.traits.vocab_overlap if drafter is not None else None,
                     runtime=study.runtime | ({} if study.compiler is None else study.compiler.stats()),
