@@ -33,6 +33,7 @@ from specexp.core.kv import new_ragged_kv
 from specexp.core.metrics import position_counts
 from specexp.core.sampling import SamplingConfig, logits_to_probs
 from specexp.core.tree_policy import slot_counts
+from specexp.drafts.registry import K_KEYS
 from specexp.errors import UserInputError
 from specexp.output import short_hash, write_atomic
 from specexp.paths import cache_root
@@ -140,7 +141,7 @@ def profile_key(target, runtime_record: dict, batch_size: int, sampling: Samplin
 def draft_key(draft_cfg: DictConfig) -> str:
     """A draft's entry: its config but K (every K is measured) and its card (what is said of it)."""
     plain = OmegaConf.to_container(draft_cfg, resolve=True)
-    for name in ("k", "k_max", "card"):
+    for name in (*K_KEYS, "card"):
         plain.pop(name, None)
     return f"{str(plain.get('_target_', '')).rsplit('.', 1)[-1]}-{short_hash(plain)}"
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from specexp.core.interface import Drafter
+from specexp.drafts.registry import DESCRIBING_KEYS, draft_name
 from specexp.errors import UserInputError
 from specexp.paths import CONFIG_DIR
 
 POLICY_DIR = Path(CONFIG_DIR) / "k_policy"  # a K policy is conf/k_policy/NAME.yaml (costs/k_choice.py builds it)
 DEFAULT_K_MAX = 8
-NOT_ARGUMENTS = ("name", "card")  # what reports call the draft and what the package reads of it (drafts/registry.py)
 
 
 def policy_names() -> list[str]:
@@ -35,7 +35,7 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
     k = draft_cfg.get("k")
     with open_dict(draft_cfg):
         card = draft_cfg.get("card")
-        for key in NOT_ARGUMENTS:
+        for key in DESCRIBING_KEYS:
             draft_cfg.pop(key, None)
         k_max = draft_cfg.pop("k_max", DEFAULT_K_MAX)
         tree = draft_cfg.pop("tree", None)
@@ -70,11 +70,6 @@ class BuiltDraft:
     config: DictConfig  # the config it was built from
     k_max: int  # most draft tokens a round asks: its traits.k_max, or 0 for draft.k=0 (never asked)
     name: str  # the config's `name` (conf/draft/NAME.yaml's; a draft without one: its _target_'s last part)
-
-
-def draft_name(draft_cfg: DictConfig) -> str:
-    """The config's `name` (conf/draft/NAME.yaml's); a config without one: its _target_'s last part."""
-    return str(draft_cfg.get("name") or str(draft_cfg.get("_target_", "")).rsplit(".", 1)[-1])
 
 
 def check_draft_arguments(resolved: DictConfig, name: str) -> None:

@@ -18,6 +18,14 @@ from specexp.paths import CONFIG_DIR
 
 CARD_KEYS = {"label", "colour", "variants", "pairing", "trained_by", "with_k_policy", "tests"}
 TESTS_KEYS = {"exactness", "bad_options"}
+DESCRIBING_KEYS = ("name", "card")  # what reports call a draft and what specexp reads of it: no constructor's arguments
+K_KEYS = ("k", "k_max")  # how many tokens a round drafts: the build and the K policy read them
+TESTS_ONLY = "card.tests"  # what a card says for the test suite only, not a job's setting
+
+
+def draft_name(draft_cfg: DictConfig | dict) -> str:
+    """The config's `name` (conf/draft/NAME.yaml's); a config without one: its _target_'s last part."""
+    return str(draft_cfg.get("name") or str(draft_cfg.get("_target_", "")).rsplit(".", 1)[-1])
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,7 @@ class DraftCard:
 def card_of(draft_cfg: DictConfig | dict, name: str | None = None) -> DraftCard:
     """The card a composed draft config declares (a config without one: its name and nothing else)."""
     plain = OmegaConf.to_container(draft_cfg, resolve=False) if isinstance(draft_cfg, DictConfig) else dict(draft_cfg)
-    name = str(name or plain.get("name") or str(plain.get("_target_", "")).rsplit(".", 1)[-1])
+    name = name or draft_name(plain)
     card = plain.get("card") or {}
     tests = card.get("tests") or {}
     for prefix, given, allowed in (("card", card, CARD_KEYS), ("card.tests", tests, TESTS_KEYS)):

@@ -16,12 +16,12 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from specexp.drafts.registry import TESTS_ONLY
 from specexp.study.intervals import column_interval, fmt_interval
 from specexp.study.summary import interval_columns, keys
 
 METRICS = keys(collected=True)  # a study's summary fields that are columns (specexp.study.summary)
 DISTILL_METRICS = ("best_alpha", "steps", "parameters", "draft_vocab_size", "corpus_tokens")
-TESTS_ONLY = "draft.card.tests"  # what a draft's card says for the test suite (drafts/registry.py), not a job's setting
 SHOWN = ("job", "status", "alpha", "tau", "speedup", "predicted_speedup", "realized_over_predicted", "cost_ratio_c")
 
 
@@ -67,7 +67,7 @@ def job_row(job_dir: Path, root: Path) -> dict:
     row = {"job": str(job_dir.relative_to(root)) if job_dir != root else job_dir.name, "path": str(job_dir),
            "overrides": " ".join(f"{k}={v}" for k, v in overrides.items())}
     row.update({f"cfg.{k}": v for k, v in pd.json_normalize(config, sep=".").iloc[0].items()
-                if not k.startswith(TESTS_ONLY)})
+                if not k.startswith(f"draft.{TESTS_ONLY}")})
     choices_file = job_dir / ".hydra" / "hydra.yaml"
     if choices_file.exists():
         choices = OmegaConf.load(choices_file).hydra.runtime.choices
