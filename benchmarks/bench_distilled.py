@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--pl-k", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--draft", type=Path, default=None,
-                        help="a draft folder (python -m specexp.distill ... export_dir=FOLDER); default: the shipped one")
+                        help="a draft folder (python -m specexp.distill ... export_dir=FOLDER); "
+                        "default: the shipped one")
     parser.add_argument("--work", type=Path, default=Path("outputs/bench_distilled"))
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("distilled_int8.md"))
     args = parser.parse_args()
@@ -61,14 +62,16 @@ def main() -> None:
     target = load_embedded_target("float32", "cpu")
     prompts = mt_bench(limit=args.prompts, seed=args.seed)
     encoded = encode_prompts(target.tokenizer, prompts)
-    methods = {"ar": (None, 0), f"prompt_lookup K={args.pl_k}": (PromptLookupDrafter(target, k=args.pl_k, max_n=3), args.pl_k)}
+    methods = {"ar": (None, 0),
+               f"prompt_lookup K={args.pl_k}": (PromptLookupDrafter(target, k=args.pl_k, max_n=3), args.pl_k)}
     def draft(k: int, min_confidence: float, quantize: str | None) -> SmallLMDrafter:
         if args.draft is None:
             return distilled_drafter(target, k=k, min_confidence=min_confidence, quantize=quantize)
         return SmallLMDrafter(target, str(args.draft), k=k, min_confidence=min_confidence, quantize=quantize)
 
     quantizes = [None if q == "none" else q for q in args.quantize]
-    methods |= {method_name(k, t, q): (draft(k, t, q), k) for q in quantizes for t in args.min_confidences for k in args.ks}
+    methods |= {method_name(k, t, q): (draft(k, t, q), k)
+                for q in quantizes for t in args.min_confidences for k in args.ks}
 
     def decode(ids, drafter, sampling, max_new, seed):
         return generate(target.model, [ids], drafter, sampling, max_new, target.eos_token_ids,
@@ -93,9 +96,11 @@ def main() -> None:
 
 def render(results: dict, args) -> str:
     draft = ("`draft=distilled` (specexp/assets/distilled-smollm2-135m, from `python -m specexp.distill "
-             "experiment=distill_smollm2_tasks`)" if args.draft is None else f"`draft=small_lm draft.model={args.draft}`")
+             "experiment=distill_smollm2_tasks`)" if args.draft is None
+             else f"`draft=small_lm draft.model={args.draft}`")
     command = (f"python benchmarks/bench_distilled.py --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
-               f"--ks {' '.join(map(str, args.ks))} --min-confidences {' '.join(f'{t:g}' for t in args.min_confidences)}"
+               f"--ks {' '.join(map(str, args.ks))} "
+               f"--min-confidences {' '.join(f'{t:g}' for t in args.min_confidences)}"
                f" --quantize {' '.join(args.quantize)}" + (f" --seed {args.seed}" if args.seed else "")
                + ("" if args.draft is None else f" --draft {args.draft}"))
     lines = [

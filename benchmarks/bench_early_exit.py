@@ -143,8 +143,8 @@ def render(results: dict, hf: dict, args) -> str:
             naive = results[(layer, f"{head} {k} naive")]
             saved = f"{s['speedup'] / naive['speedup']:.3f}"
         lines.append(f"| {layer} | {head} | {k[2:]} | {mode} | {a:.3f} | {s['tau']:.2f} | {c:.3f} | "
-                     f"{s['verify_cost_ratio']:.2f} | {s['speedup']:.3f} ({s['median_prompt_speedup']:.3f}) | {saved} | "
-                     f"{s['predicted_speedup']:.2f} | {optimal_k(a, c) if a is not None and c else '-'} | "
+                     f"{s['verify_cost_ratio']:.2f} | {s['speedup']:.3f} ({s['median_prompt_speedup']:.3f}) | "
+                     f"{saved} | {s['predicted_speedup']:.2f} | {optimal_k(a, c) if a is not None and c else '-'} | "
                      f"{s['identical']}/{args.prompts} |")
     for layer, variants in hf.items():
         for name, s in variants.items():

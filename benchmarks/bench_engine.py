@@ -59,8 +59,8 @@ def compare(name: str, target, encoded, max_new: int, drafter, hf_kwargs: dict, 
     c = Comparison(name, [], [], [], [], [])
     for i, ids in enumerate(encoded * repeats):
         order = ("ours", "hf") if i % 2 == 0 else ("hf", "ours")
-        results = {side: ours(target, ids, drafter, max_new) if side == "ours" else decode_hf(target, ids, max_new, **hf_kwargs)
-                   for side in order}
+        results = {side: ours(target, ids, drafter, max_new) if side == "ours"
+                   else decode_hf(target, ids, max_new, **hf_kwargs) for side in order}
         (o_tok, o_s), (h_tok, h_s) = results["ours"], results["hf"]
         # HF keeps the EOS token it stopped on, like our engine: lengths are comparable.
         c.ours_tokens.append(len(o_tok))
@@ -107,15 +107,16 @@ def main() -> None:
                 args.max_new_tokens, PromptLookupDrafter(target, k=args.k, max_n=args.max_n, choice="first",
                                                          max_tokens_after_match=[]),
                 {"prompt_lookup_num_tokens": args.k, "max_matching_ngram_size": args.max_n}, args.repeats),
-        compare(f"small_lm (first {args.draft_layers} layers) K={args.k} vs generate(assistant_model=)", target, encoded,
-                args.max_new_tokens, SmallLMDrafter(target, draft, k=args.k), {"assistant_model": draft.model}, args.repeats),
+        compare(f"small_lm (first {args.draft_layers} layers) K={args.k} vs generate(assistant_model=)", target,
+                encoded, args.max_new_tokens, SmallLMDrafter(target, draft, k=args.k), {"assistant_model": draft.model},
+                args.repeats),
     ]
     study = default_study()
     lines = [
         f"# Engine vs Hugging Face generate ({datetime.date.today().isoformat()})",
         "",
-        f"Machine: {machine()}, fp32. Target: {target.name}. MT-bench, {len(encoded)} prompts (one per category), greedy, "
-        f"max_new_tokens={args.max_new_tokens}, batch 1. Command: `python benchmarks/bench_engine.py "
+        f"Machine: {machine()}, fp32. Target: {target.name}. MT-bench, {len(encoded)} prompts (one per category), "
+        f"greedy, max_new_tokens={args.max_new_tokens}, batch 1. Command: `python benchmarks/bench_engine.py "
         f"--prompts {args.prompts} --max-new-tokens {args.max_new_tokens} --k {args.k} --repeats {args.repeats}`.",
         "",
         "| comparison | ours tok/s | HF tok/s | median per-prompt ratio | total ratio | identical outputs |",
@@ -128,9 +129,9 @@ def main() -> None:
         "",
         "| alpha | tau | c | verify cost | speedup | predicted | realized / predicted | greedy_match |",
         "|---|---|---|---|---|---|---|---|",
-        f"| {study['alpha']:.3f} | {study['tau']:.3f} | {study['cost_ratio_c']:.4f} | {study['verify_cost_ratio']:.3f} | "
-        f"{study['speedup']:.3f} | {study['predicted_speedup']:.3f} | {study['realized_over_predicted']:.3f} | "
-        f"{study['greedy_match']:.1f} |",
+        f"| {study['alpha']:.3f} | {study['tau']:.3f} | {study['cost_ratio_c']:.4f} | "
+        f"{study['verify_cost_ratio']:.3f} | {study['speedup']:.3f} | {study['predicted_speedup']:.3f} | "
+        f"{study['realized_over_predicted']:.3f} | {study['greedy_match']:.1f} |",
         "",
         "The prediction prices a verify pass over K+1 tokens like one AR step; `verify cost` is "
         "what it measured here.",

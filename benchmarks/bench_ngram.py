@@ -83,7 +83,8 @@ def main() -> None:
     documents += [target.tokenizer(p.text)["input_ids"] for p in corpus_texts]
     fingerprint, eos = vocab_fingerprint(target), target.eos_token_ids[0]
     args.work.mkdir(parents=True, exist_ok=True)
-    KneserNeyLM.build(join_documents(documents, eos), args.order, target.vocab_size, fingerprint).save(args.work / "lm.npz")
+    KneserNeyLM.build(join_documents(documents, eos), args.order, target.vocab_size,
+                      fingerprint).save(args.work / "lm.npz")
     SuffixDatastore.build(documents, target.vocab_size, fingerprint).save(args.work / "store.npz")
     corpus_tokens = sum(len(d) for d in documents)
 
@@ -93,7 +94,8 @@ def main() -> None:
         "prompt_lookup_uncapped": PromptLookupDrafter(target, k=args.k, max_n=3, choice="first",
                                                       max_tokens_after_match=[]),
         "ngram_lm": NgramLMDrafter(target, str(args.work / "lm.npz"), k=args.k, min_confidence=args.min_confidence),
-        "retrieval": RetrievalDrafter(target, str(args.work / "store.npz"), k=args.k, min_confidence=args.min_confidence),
+        "retrieval": RetrievalDrafter(target, str(args.work / "store.npz"), k=args.k,
+                                      min_confidence=args.min_confidence),
     }
     hf_kwargs = {"prompt_lookup_num_tokens": args.k, "max_matching_ngram_size": 3}
     encoded = encode_prompts(target.tokenizer, evaluation)
@@ -114,8 +116,8 @@ def main() -> None:
                 out = decode_ours(target, ids, drafters.get(method), args.max_new_tokens)
                 active = out.active
                 outputs[method] = {"tokens": out.tokens[0], "seconds": out.total_s,
-                                   "proposed": out.n_proposed[active].numpy(), "accepted": out.n_accepted[active].numpy(),
-                                   "emitted": out.n_emitted[active].numpy()}
+                                   "proposed": out.n_proposed[active].numpy(),
+                                   "accepted": out.n_accepted[active].numpy(), "emitted": out.n_emitted[active].numpy()}
         for method, o in outputs.items():
             rows.append({"group": task_group(prompt.category), "prompt": prompt.id, "method": method, **o,
                          "identical": o["tokens"] == outputs["ar"]["tokens"]})
@@ -194,7 +196,8 @@ def render(rows: list[dict], args, corpus_tokens: int, corpus_docs: int, costs: 
             accepted = np.concatenate([r["accepted"] for r in rs])
             emitted = np.concatenate([r["emitted"] for r in rs])
             a = metrics.alpha(proposed, accepted)
-            cells.append(f"{a if a is not None else float('nan'):.2f} / {metrics.tau(emitted):.2f} / {tps(rs) / ar:.3f}")
+            cells.append(f"{a if a is not None else float('nan'):.2f} / {metrics.tau(emitted):.2f} / "
+                         f"{tps(rs) / ar:.3f}")
         hf = tps(by[(group, "hf_prompt_lookup")])
         pl_hf, uncapped_hf = (f"{tps(by[(group, m)]) / hf:.3f} ({per_prompt_ratio(m, 'hf_prompt_lookup', group):.3f})"
                               for m in ("prompt_lookup", "prompt_lookup_uncapped"))

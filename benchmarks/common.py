@@ -53,7 +53,8 @@ def stream_bandwidth(n_bytes: int, repeats: int = 7) -> float:
 
 
 def machine() -> str:
-    return (f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+    return (f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
+            f"torch {torch.__version__}, "
             f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}")
 
 

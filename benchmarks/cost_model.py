@@ -21,7 +21,8 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench, spec_bench
 from specexp.models import load_embedded_target
 from specexp.reporting.job_table import collect
-from specexp.runtime import LeanRuntime, round_rows
+from specexp.runtime import round_rows
+from specexp.runtime.lean import LeanRuntime
 
 FIXED_KS = (1, 2, 3, 4, 6)
 DRAFTS = ("prompt_lookup", "distilled", "distilled_confident", "target_prefix")

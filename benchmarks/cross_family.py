@@ -48,7 +48,8 @@ from specexp.drafts.build import build_draft
 from specexp.drafts.small_lm import small_lm_draft
 from specexp.models import LoadedModel, load_embedded_gemma3, load_embedded_target
 from specexp.paths import CONFIG_DIR
-from specexp.runtime import LeanRuntime, round_rows
+from specexp.runtime import round_rows
+from specexp.runtime.lean import LeanRuntime
 
 SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
 DATA = {"mt_bench": mt_bench, "spec_bench": spec_bench}
@@ -185,15 +186,16 @@ def head_to_head(target: LoadedModel, draft: LoadedModel, ours, forward, encoded
                                                            "top_k": 0, "top_p": 1.0}
     sides = ("transformers AR", "transformers assisted", "specexp AR", "specexp spec")
     seconds, tokens = {side: [] for side in sides}, {side: [] for side in sides}
-    proposed, accepted = {"transformers assisted": 0, "specexp spec": 0}, {"transformers assisted": 0, "specexp spec": 0}
+    proposed, accepted = ({"transformers assisted": 0, "specexp spec": 0},
+                          {"transformers assisted": 0, "specexp spec": 0})
     rounds = {"transformers assisted": 0, "specexp spec": 0}
     verified = {"q_drafted": [], "q_collision": [], "overlap": []}  # per token transformers' speculative sampling read
 
     def decode(side: str, ids: list[int], new: int, seed: int) -> tuple[int, float, tuple[int, int, int], dict]:
         """New tokens, seconds, (proposed, accepted, rounds) and CandidateLog's per-token readings of one decode."""
         if side.startswith("specexp"):
-            out = generate(forward, [ids], ours if side == "specexp spec" else None, sampling, new, target.eos_token_ids,
-                           torch.Generator().manual_seed(seed), target.pad_token_id)
+            out = generate(forward, [ids], ours if side == "specexp spec" else None, sampling, new,
+                           target.eos_token_ids, torch.Generator().manual_seed(seed), target.pad_token_id)
             return len(out.tokens[0]), out.total_s, (int(out.n_proposed.sum()), int(out.n_accepted.sum()),
                                                      int(out.active.sum())), {}
         x = torch.tensor([ids])
@@ -215,7 +217,8 @@ def head_to_head(target: LoadedModel, draft: LoadedModel, ours, forward, encoded
         failed = []
         for i, ids in enumerate(encoded):
             try:  # a prompt counts for every side or for none
-                decoded = {side: decode(side, ids, max_new, i) for side in sides[i % len(sides):] + sides[: i % len(sides)]}
+                decoded = {side: decode(side, ids, max_new, i)
+                           for side in sides[i % len(sides):] + sides[: i % len(sides)]}
             except RuntimeError as error:  # transformers' assisted decode can raise on a prompt (an empty draft pass)
                 failed.append(f"{i}: {str(error).splitlines()[0][:80]}")
                 continue
@@ -225,7 +228,8 @@ def head_to_head(target: LoadedModel, draft: LoadedModel, ours, forward, encoded
                 seconds[side].append(took)
                 tokens[side].append(n)
                 if side in proposed:
-                    proposed[side], accepted[side], rounds[side] = proposed[side] + p, accepted[side] + a, rounds[side] + r
+                    proposed[side], accepted[side], rounds[side] = (proposed[side] + p, accepted[side] + a,
+                                                                    rounds[side] + r)
     if not seconds["transformers AR"]:
         return {side: {"tokens_per_s": None, "speedup": None, "acceptance": None, "tau": None, "prompts": 0,
                        "failed": failed} for side in sides}
@@ -248,7 +252,8 @@ def main_tables(target: LoadedModel, smollm2: LoadedModel, prompts: int, max_new
     rows = ["| data | sampling | method | alpha [95%] | tau | c | speedup [95%] | predicted (iid) | realized/pred "
             "| overlap | re-encode ms/round | identical |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     theirs = ["| data | sampling | side | prompts | accepted / proposed | sum min(p, q) | q(drafted) | sum q^2 "
-              "| tokens per round | speedup over transformers AR | tokens/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| tokens per round | speedup over transformers AR | tokens/s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     failures = []
     encoded_sets = {}
     for data_name, loader in DATA.items():
@@ -267,12 +272,14 @@ def main_tables(target: LoadedModel, smollm2: LoadedModel, prompts: int, max_new
                 reencode = r["reencode_ms_per_round"] if overlap is not None else None
                 rows.append(f"| {data_name} | {sampling_name} | {name} | {fmt_ci(r['alpha'], r['alpha_ci95'])} | "
                             f"{fmt(r['tau'])} | {fmt(r['cost_ratio_c'])} | {fmt_ci(r['speedup'], r['speedup_ci95'])} "
-                            f"| {fmt(predicted)} | {fmt(realized)} | {fmt(overlap)} | {fmt(reencode, 2)} | {identical} |")
+                            f"| {fmt(predicted)} | {fmt(realized)} | {fmt(overlap)} | {fmt(reencode, 2)} "
+                            f"| {identical} |")
             ours_name = "smollm2 string" if sampling.greedy else "smollm2 tli"
             mapping = "UAG (string)" if sampling.greedy else "USD (tli)"
             for side, r in head_to_head(target, smollm2, drafters[ours_name], prepared.forward, encoded, sampling,
                                         max_new, k).items():
-                label = {"transformers assisted": f"{side}: {mapping}", "specexp spec": f"{side}: {ours_name}"}.get(side, side)
+                label = {"transformers assisted": f"{side}: {mapping}",
+                         "specexp spec": f"{side}: {ours_name}"}.get(side, side)
                 theirs.append(f"| {data_name} | {sampling_name} | {label} | {r['prompts']} | {fmt(r['acceptance'])} | "
                               f"{fmt(r.get('overlap'))} | {fmt(r.get('q_drafted'))} | {fmt(r.get('q_collision'))} | "
                               f"{fmt(r['tau'])} | {fmt(r['speedup'])} | "

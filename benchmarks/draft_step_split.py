@@ -95,7 +95,8 @@ def main() -> None:
 
     target = load_embedded_target("float32", "cpu")
     target_step = one_token_forward(target.model)
-    rows = {"target forward, 1 token (the AR step)": (target_step, None)}  # name -> (timed, run untimed before each call)
+    # name -> (timed, run untimed before each call)
+    rows = {"target forward, 1 token (the AR step)": (target_step, None)}
     variants = {"fp32 draft, HF forward": (None, True), "fp32 draft": (None, False)}  # name -> (quantize, HF's forward)
     variants |= {f"{args.quantize} draft": (args.quantize, False)} if args.quantize else {}
     for name, (quantize, hf_forward) in variants.items():
@@ -105,7 +106,8 @@ def main() -> None:
         to_draft = (lambda x: x) if drafter.draft_vocab is None else drafter.draft_vocab.to_draft
         draft_round = engine_round(drafter)  # one closure: each engine_round resets the drafter's cache
         rows |= {
-            f"{name}: propose + update, K = 1, after a target forward (the engine's draft step)": (draft_round, target_step),
+            (f"{name}: propose + update, K = 1, after a target forward "
+             "(the engine's draft step)"): (draft_round, target_step),
             f"{name}: propose + update, K = 1, in a loop (weights cache-warm)": (draft_round, None),
             f"{name}: forward, 1 token, in a loop": (one_token_forward(drafter.forward_model, to_draft), None),
         }

@@ -22,7 +22,8 @@ from common import decode_arguments, interleaved_summaries, report_header, study
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench, spec_bench
 from specexp.models import load_embedded_target
-from specexp.runtime import LeanRuntime, round_rows
+from specexp.runtime import round_rows
+from specexp.runtime.lean import LeanRuntime
 
 # name -> (draft config, overrides): the shipped heads; the shipped distilled draft and the fastest early exit
 FEATURE_DRAFTS = {"eagle3": ("eagle", ("draft.head=eagle3", "draft.quantize=null")),  # fp32
@@ -42,7 +43,8 @@ def fmt(value: float | None) -> str:
 def methods_of(draft: str, overrides: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     methods = {f"{draft} K=1": (*overrides, "draft.k=1"), f"{draft} K=auto": (*overrides, "draft.k=auto")}
     if draft in AS_TREES:
-        methods[f"{draft} tree=auto"] = (*overrides, "draft.tree=auto", f"draft.branches={TREE_BRANCHES}", "draft.k_max=8")
+        methods[f"{draft} tree=auto"] = (*overrides, "draft.tree=auto", f"draft.branches={TREE_BRANCHES}",
+                                         "draft.k_max=8")
     return methods
 
 

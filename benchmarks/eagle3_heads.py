@@ -20,7 +20,8 @@ from common import decode_arguments, interleaved_summaries, report_header, study
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.models import load_embedded_target
-from specexp.runtime import LeanRuntime, round_rows
+from specexp.runtime import round_rows
+from specexp.runtime.lean import LeanRuntime
 from specexp.study.intervals import fmt_interval
 
 # name -> (draft config, overrides)
@@ -54,11 +55,11 @@ def main() -> None:
             predicted = "-" if r.get("predicted_speedup") is None else f"{r['predicted_speedup']:.3f}"
             c = "-" if r.get("cost_ratio_c") is None else f"{r['cost_ratio_c']:.3f}"
             rows.append(f"| {sampling_name} | {method} | {fmt_interval(r['alpha'], r.get('alpha_ci95'))} | "
-                        f"{fmt_interval(r['tau'], r.get('tau_ci95'))} | {fmt_interval(r['speedup'], r.get('speedup_ci95'))} | "
-                        f"{c} | {predicted} | {identical} |")
+                        f"{fmt_interval(r['tau'], r.get('tau_ci95'))} | "
+                        f"{fmt_interval(r['speedup'], r.get('speedup_ci95'))} | {c} | {predicted} | {identical} |")
     lines = [*report_header("EAGLE-3 as published against the earlier variant, the distilled draft and prompt lookup"),
-             f"The default target, {args.prompts} MT-bench prompts x {args.max_new_tokens} tokens, batch 1, one process, "
-             "methods interleaved per prompt; intervals over prompts.", "", *rows]
+             f"The default target, {args.prompts} MT-bench prompts x {args.max_new_tokens} tokens, batch 1, "
+             "one process, methods interleaved per prompt; intervals over prompts.", "", *rows]
     write_report(args.out, lines)
 
 

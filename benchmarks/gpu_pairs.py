@@ -41,9 +41,10 @@ from specexp.core.sampling import SamplingConfig
 from specexp.costs.hardware_profile import measure_target
 from specexp.drafts.oracle import OracleDrafter
 from specexp.models import LoadedModel
-from specexp.runtime import LeanRuntime, round_rows
+from specexp.runtime import round_rows
 from specexp.runtime.compiled import full_pass
 from specexp.runtime.decoder import lean_decoder
+from specexp.runtime.lean import LeanRuntime
 from specexp.study import intervals
 
 GREEDY = SamplingConfig()
@@ -104,8 +105,8 @@ def sync(device: str) -> None:
 
 def decode(forward, target: LoadedModel, prompt: list[int], drafter, max_new: int, settle=None) -> GenerationOutput:
     """A greedy decode; ``settle``: the round's verify and commit compiled (runtime.compile=true)."""
-    return generate(forward, [prompt], drafter, GREEDY, max_new, [], torch.Generator(target.model.device).manual_seed(0),
-                    compiled_settle=settle)
+    return generate(forward, [prompt], drafter, GREEDY, max_new, [],
+                    torch.Generator(target.model.device).manual_seed(0), compiled_settle=settle)
 
 
 def decode_ms_per_token(out: GenerationOutput) -> float:
@@ -168,7 +169,8 @@ def main() -> None:
     target = random_llama(target_shape, names[0], dtype, device, seed=0, sharp=True)
     draft = random_llama(draft_shape, names[1], dtype, device, seed=1, sharp=False)
     generator = torch.Generator().manual_seed(2)
-    prompts = torch.randint(target_shape["vocab_size"], (args.prompts, args.prompt_tokens), generator=generator).tolist()
+    prompts = torch.randint(target_shape["vocab_size"], (args.prompts, args.prompt_tokens),
+                            generator=generator).tolist()
     k_max = max(args.ks)
     built = record(stage="built", target_gb=weight_bytes(target.model) / 1e9, draft_gb=weight_bytes(draft.model) / 1e9)
 
@@ -232,7 +234,8 @@ def main() -> None:
               f"| AR compiled | {compiled_ms:.2f} ms/token ({costs['compiled_over_floor']:.2f}x the floor) |",
               f"| target pass T(n), n = 1..{k_max + 1} | {', '.join(f'{1e3 * t:.2f}' for t in passes)} ms |",
               f"| draft step | {1e3 * draft_step:.2f} ms (c = {c:.3f}) |",
-              f"| compiled calls | {passes_run['compiled_passes']}, cudagraph skips {passes_run['cudagraph_skips']} |", ""]
+              f"| compiled calls | {passes_run['compiled_passes']}, "
+              f"cudagraph skips {passes_run['cudagraph_skips']} |", ""]
     lines += ["| K | alpha | alpha measured | tau | v = T(K+1)/T(1) | speedup over compiled AR [95%] | analytic | "
               "realized / analytic | verify tail ms/round | greedy = AR |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:

@@ -60,7 +60,8 @@ def cell(target: str, draft: str, overrides: list[str]) -> dict:
     best_k = rows[0]["best_k"]
     compared = next(row for row in rows if row["k"] == max(best_k, 1))  # the study needs a draft to run
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=[f"target={target}", f"draft={draft}", *overrides, f"draft.k={compared['k']}"])
+        cfg = compose("config", overrides=[f"target={target}", f"draft={draft}", *overrides,
+                                           f"draft.k={compared['k']}"])
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         measured = run_from_config(cfg, Path(out))

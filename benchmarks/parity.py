@@ -20,7 +20,8 @@ from common import decode_hf, decode_ours, machine
 
 from specexp.data import encode_prompts, mt_bench
 from specexp.models import load_embedded_target
-from specexp.runtime import HFRuntime, LeanRuntime, round_rows
+from specexp.runtime import HFRuntime, round_rows
+from specexp.runtime.lean import LeanRuntime
 
 RUNTIMES = {"lean": LeanRuntime, "hf": HFRuntime}
 
@@ -53,7 +54,8 @@ def main() -> None:
         if mine == theirs:
             identical += 1
             continue
-        at = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs)))
+        at = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+                  min(len(mine), len(theirs)))
         gap = top2_gap(reference, ids + theirs[:at]) if at < min(len(mine), len(theirs)) else float("nan")
         rows.append(f"| {prompt.id} | {prompt.category} | {at} | {gap:.4f} | {len(mine)} / {len(theirs)} |")
     lines = [f"# Greedy parity with HF generate ({datetime.date.today()})", "",

@@ -38,7 +38,8 @@ from specexp.data import encode_prompts, mt_bench
 from specexp.models import load_embedded_target
 from specexp.paths import CONFIG_DIR
 from specexp.reporting.report import fmt
-from specexp.runtime import HFRuntime, LeanRuntime, round_rows
+from specexp.runtime import HFRuntime, round_rows
+from specexp.runtime.lean import LeanRuntime
 
 NEEDS_A_MODEL = {"small_lm"}  # draft configs that need a user's draft.model
 
@@ -138,8 +139,8 @@ def main() -> None:
               "| n | " + " | ".join(f"{name} ms | T(n)/T(1)" for name in forwards) + " |",
               "|---|" + "---|---|" * len(forwards)]
     for n in range(1, args.max_n + 1):
-        lines.append(f"| {n} | " + " | ".join(f"{times[name][n - 1] * 1e3:.1f} | {times[name][n - 1] / times[name][0]:.2f}"
-                                              for name in forwards) + " |")
+        lines.append(f"| {n} | " + " | ".join(f"{times[name][n - 1] * 1e3:.1f} | "
+                                              f"{times[name][n - 1] / times[name][0]:.2f}" for name in forwards) + " |")
 
     prompts = mt_bench(limit=args.prompts, seed=0)
     encoded = encode_prompts(reference.tokenizer, prompts)
@@ -167,7 +168,8 @@ def main() -> None:
                  if llama_ms else "| llama.cpp F32 | not measured (llama-cpp-python or --gguf absent) | | | |")
     lines.append(f"| floor (weights / stream bandwidth) | {floor_ms:.1f} | 1.00 | {hf_ms / floor_ms:.2f} | - |")
 
-    names = sorted(p.stem for p in (Path(CONFIG_DIR) / "draft").glob("*.yaml") if p.stem not in NEEDS_A_MODEL | {"oracle"})
+    names = sorted(p.stem for p in (Path(CONFIG_DIR) / "draft").glob("*.yaml")
+                   if p.stem not in NEEDS_A_MODEL | {"oracle"})
     args.out.write_text("\n".join(lines) + "\n")  # what is measured so far survives a crash below
     lines += ["", f"## The default study's drafts, before and on runtime=lean (MT-bench, greedy, batch 1; "
               f"{', '.join(sorted(NEEDS_A_MODEL))} needs a user's draft.model)", "",
@@ -182,8 +184,8 @@ def main() -> None:
                                         desc=name, forward=forwards[name])
         for draft, s in results.items():
             # alpha and c are None for a draft k=auto never asked (no K pays on this machine)
-            lines.append(f"| {name} | {draft} | {fmt(s['alpha'])} | {s['verify_cost_ratio']:.2f} | {fmt(s['cost_ratio_c'])} | "
-                         f"{s['speedup']:.3f} | {s['identical']}/{len(prompts)} |")
+            lines.append(f"| {name} | {draft} | {fmt(s['alpha'])} | {s['verify_cost_ratio']:.2f} | "
+                         f"{fmt(s['cost_ratio_c'])} | {s['speedup']:.3f} | {s['identical']}/{len(prompts)} |")
     text = "\n".join(lines) + "\n"
     args.out.write_text(text)
     print(text)

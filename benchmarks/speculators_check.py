@@ -102,24 +102,26 @@ def main() -> None:
         head.save(work / f"trained-{name}")
         served, keys, logits = work / f"served-{name}", work / f"keys-{name}.json", work / f"logits-b-{name}.pt"
         export(work / f"trained-{name}", served, verifier=str(verifier))
-        subprocess.run([args.speculators_python, side, "load", "--head", str(served), "--inputs", str(work / "inputs.pt"),
-                        "--logits", str(logits), "--keys", str(keys)], check=True)
+        subprocess.run([args.speculators_python, side, "load", "--head", str(served),
+                        "--inputs", str(work / "inputs.pt"), "--logits", str(logits), "--keys", str(keys)], check=True)
         found = json.loads(keys.read_text())
         rows.append({"direction": "specexp -> speculators", "flags": label,
                      **compare(specexp_logits(head, inputs), torch.load(logits)[0].float()),
-                     "missing": ", ".join(found["missing"]) or "none", "unexpected": ", ".join(found["unexpected"]) or "none"})
+                     "missing": ", ".join(found["missing"]) or "none",
+                     "unexpected": ", ".join(found["unexpected"]) or "none"})
         print(json.dumps(rows[-2:]))
     lines = report_header("EAGLE-3 against speculators' reference implementation, both ways")
     lines += [f"speculators {version[0]} with transformers {version[1]} in its own venv; specexp with transformers "
               f"{__import__('transformers').__version__}. Default target ({target.name}), features of its layers "
-              f"{list(eagle3_layers(n_layers))} on an MT-bench prompt of {ids.shape[1]} tokens, fp32, a draft vocabulary "
-              f"of 8192 ids; tolerance held: max |delta logit| <= {TOLERANCE}.", "",
+              f"{list(eagle3_layers(n_layers))} on an MT-bench prompt of {ids.shape[1]} tokens, fp32, "
+              f"a draft vocabulary of 8192 ids; tolerance held: max |delta logit| <= {TOLERANCE}.", "",
               "| direction | flags | max abs delta logit | top-1 agreement | missing keys | unexpected keys | within |",
               "|---|---|---|---|---|---|---|"]
     for row in rows:
-        within = row["max_abs_delta"] <= TOLERANCE and row["missing"] in ("-", "none") and row["unexpected"] in ("-", "none")
-        lines.append(f"| {row['direction']} | {row['flags']} | {row['max_abs_delta']:.2e} | {row['top1_agreement']:.4f} | "
-                     f"{row['missing']} | {row['unexpected']} | {within} |")
+        within = (row["max_abs_delta"] <= TOLERANCE and row["missing"] in ("-", "none")
+                  and row["unexpected"] in ("-", "none"))
+        lines.append(f"| {row['direction']} | {row['flags']} | {row['max_abs_delta']:.2e} | "
+                     f"{row['top1_agreement']:.4f} | {row['missing']} | {row['unexpected']} | {within} |")
     write_report(args.out, lines)
 
 

@@ -30,8 +30,8 @@ def first_step_logits(model: Eagle3DraftModel, features: torch.Tensor, tokens: t
     if model.input_norm is not None:
         hidden = model.input_norm(hidden)
     if model.fc_norm is not None:
-        hidden = torch.cat([norm(c) for norm, c in zip(model.fc_norm, hidden.chunk(len(model.fc_norm), -1), strict=True)],
-                           dim=-1)
+        hidden = torch.cat([norm(c) for norm, c in zip(model.fc_norm, hidden.chunk(len(model.fc_norm), -1),
+                                                       strict=True)], dim=-1)
     hidden = torch.cat([model.embed_tokens(tokens), model.fc(hidden)], dim=-1)  # [1, T, 2H]
     T = tokens.shape[1]
     positions = torch.arange(T)[None]
@@ -48,8 +48,9 @@ def build(args: argparse.Namespace) -> None:
     verifier._attn_implementation = "eager"  # noqa: SLF001 (flex attention needs a compiler on a CPU)
     n = verifier.num_hidden_layers
     config = Eagle3SpeculatorConfig(
-        transformer_layer_config=verifier, draft_vocab_size=args.draft_vocab, norm_before_residual=args.norm_before_residual,
-        norm_before_fc=args.norm_before_fc, norm_output=args.norm_output,
+        transformer_layer_config=verifier, draft_vocab_size=args.draft_vocab,
+        norm_before_residual=args.norm_before_residual, norm_before_fc=args.norm_before_fc,
+        norm_output=args.norm_output,
         eagle_aux_hidden_state_layer_ids=[2, n // 2, n - 3],
         speculators_config=SpeculatorsConfig(algorithm="eagle3", default_proposal_method="greedy",
                                              proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],

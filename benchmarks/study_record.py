@@ -45,11 +45,13 @@ def job_lines(job: Path, reference: float | None = None) -> list[str]:
     units = summary.get("interval_units") or {}
     speedup = f"**speedup {fmt_interval(summary['speedup'], interval, note=notes.get('speedup'))}**"
     if reference is not None:
-        inside = "no interval" if interval is None else "inside" if interval[0] <= reference <= interval[1] else "**outside**"
+        inside = ("no interval" if interval is None else "inside" if interval[0] <= reference <= interval[1]
+                  else "**outside**")
         speedup += f": {reference:.2f} {inside} the interval"
     lines = [f"## {job.name}", "", f"- overrides: `{overrides(job) or '(none)'}`",
              f"- draft {summary['draft']}, K {summary['k']} ({summary['k_policy']}), mean K {summary['mean_k']:.2f}, "
-             f"greedy identical {summary['greedy_match']}, {units.get('prompts')} prompts in {units.get('batches')} batches",
+             f"greedy identical {summary['greedy_match']}, {units.get('prompts')} prompts in "
+             f"{units.get('batches')} batches",
              f"- {speedup}; predicted {number(summary.get('predicted_speedup'))}",
              f"- alpha {fmt_interval(summary['alpha'], summary.get('alpha_ci95'), note=notes.get('alpha'))}, "
              f"tau {fmt_interval(summary['tau'], summary.get('tau_ci95'), note=notes.get('tau'))}, "
@@ -71,10 +73,12 @@ def job_lines(job: Path, reference: float | None = None) -> list[str]:
 
 
 def runtime_lines(runtime: dict) -> list[str]:
-    """runtime.compile=true: its mode and backend, the passes that ran compiled per role, graphs compiled while timing."""
+    """runtime.compile=true: its mode and backend, the passes that ran compiled per role, graphs compiled while
+    timing."""
     if not runtime.get("compile"):
         return []
-    return [f"- runtime {runtime.get('name')}, compiled ({runtime.get('compile_mode')}, {runtime.get('compile_backend')}): "
+    return [f"- runtime {runtime.get('name')}, compiled ({runtime.get('compile_mode')}, "
+            f"{runtime.get('compile_backend')}): "
             f"compiled passes {runtime.get('compiled_passes')}, graphs compiled while timing "
             f"{runtime.get('graphs_compiled_while_timing')}, cudagraph skips {runtime.get('cudagraph_skips')}"]
 

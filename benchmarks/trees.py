@@ -21,7 +21,8 @@ from common import decode_arguments, interleaved_summaries, report_header, study
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench, spec_bench
 from specexp.models import load_embedded_target
-from specexp.runtime import LeanRuntime, round_rows
+from specexp.runtime import round_rows
+from specexp.runtime.lean import LeanRuntime
 
 CHAINS = (1, 2, 3, 4)
 # (branches, node budget): passes of up to 4 tokens cost ~1.05 T(1) on the 2-core CPU, 5 tokens 1.45
@@ -86,7 +87,8 @@ def main() -> None:
     rows, verdicts = tables(args.prompts, args.max_new_tokens)
     lines = [*report_header("Token trees against chains"),
              f"{args.prompts} prompts x {args.max_new_tokens} tokens per set, batch 1, one process, methods "
-             "interleaved per prompt. accepted / pass: draft tokens accepted per target pass (a tree's: its accepted path).", "",
+             "interleaved per prompt. accepted / pass: draft tokens accepted per target pass "
+             "(a tree's: its accepted path).", "",
              "## Per draft: the best chain (by speed) against its trees", "", *verdicts, "",
              "## Every method", "", *rows]
     write_report(args.out, lines)

@@ -209,7 +209,8 @@ def made_once_per_run(tmp_path_factory, name: str):
         yield base / name
 
 
-def cli_once_per_run(tmp_path_factory, name: str, args: list[str], timeout: int) -> tuple[Path, subprocess.CompletedProcess]:
+def cli_once_per_run(tmp_path_factory, name: str, args: list[str],
+                     timeout: int) -> tuple[Path, subprocess.CompletedProcess]:
     """`python -m specexp ARGS` run once per test run into a shared folder (passed to the args as
     {folder}): (the folder, the CLI's CompletedProcess)."""
     with made_once_per_run(tmp_path_factory, name) as folder:

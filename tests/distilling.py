@@ -36,6 +36,7 @@ def fit_and_validate(tmp_path, module, dataset, steps: int = 60) -> tuple[dict, 
 def toy_corpus_args(tmp_path) -> list[str]:
     """A toy-sized corpus (the target's own chats + a text file) cached under tmp_path."""
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(f"Step {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(100)))
+    corpus.write_text("\n".join(f"Step {i}: the quick brown fox jumps over the lazy dog {i} times."
+                                for i in range(100)))
     return ["data.corpus.prompt_limit=4", "data.corpus.prompt_tokens=12", "data.corpus.generation_tokens=16",
             f"data.corpus.text=[{corpus}]", "data.block_size=32", f"data.cache_dir={tmp_path / 'cache'}"]

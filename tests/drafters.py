@@ -152,8 +152,8 @@ def medusa_heads(target: LoadedModel, n_heads: int = 4, keep_every: int | None =
     key = ("medusa", target.name, n_heads, keep_every, steps)
     if key not in _FITTED:
         torch.manual_seed(0)
-        _FITTED[key] = fit_feature_head(target, MedusaHeads(target, None, every_other_token(target, keep_every), n_heads),
-                                        steps)
+        _FITTED[key] = fit_feature_head(target, MedusaHeads(target, None, every_other_token(target, keep_every),
+                                                            n_heads), steps)
     return _FITTED[key]
 
 
@@ -191,7 +191,8 @@ DRAFT_KINDS = {
     "distilled_like": lambda target, other, k, files: distilled_like(target, other, k),
     "early_exit_shared": lambda target, other, k, files: early_exit_drafter(target, exit_layer=1, k=k, mode="shared"),
     "early_exit_naive": lambda target, other, k, files: early_exit_drafter(target, exit_layer=1, k=k, mode="naive"),
-    "early_exit_trained": lambda target, other, k, files: SharedEarlyExitDrafter(target, random_exit_head(target, 1), k=k),
+    "early_exit_trained": lambda target, other, k, files: SharedEarlyExitDrafter(
+        target, random_exit_head(target, 1), k=k),
     # fitted less: a head close to the 8-token target leaves the residual control too little to catch at K = 1
     "eagle": lambda target, other, k, files: EagleDrafter(target, eagle_head(target, (2,), steps=40), k=k),
     "eagle3_reduced_vocab": lambda target, other, k, files: EagleDrafter(
@@ -204,7 +205,8 @@ DRAFT_KINDS = {
     # EAGLE-3 as published: the 2H-wide layer, d2t / t2d; with speculators' training flags; as a dynamic tree
     "eagle3_published": lambda target, other, k, files: EagleDrafter(target, eagle3_head(target), k=k),
     "eagle3_published_flags": lambda target, other, k, files: EagleDrafter(
-        target, eagle3_head(target, keep_every=None, norm_before_residual=True, norm_before_fc=True, norm_output=True), k=k),
+        target, eagle3_head(target, keep_every=None, norm_before_residual=True, norm_before_fc=True,
+                            norm_output=True), k=k),
     "eagle3_published_tree": lambda target, other, k, files: EagleDrafter(target, eagle3_head(target), k=k, branches=2),
     # a copy of the fitted head with int8 linears (draft.quantize=int8 swaps them in a freshly loaded head)
     "eagle3_int8": lambda target, other, k, files: EagleDrafter(

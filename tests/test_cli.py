@@ -46,7 +46,8 @@ def test_unknown_choice_names_value_and_allowed():
 
 
 def test_cfg_job_shows_overrides():
-    out = run_specexp("--cfg", "job", "draft=small_lm", "draft.model=some/model", "draft.k=8", "sampling.temperature=0.7")
+    out = run_specexp("--cfg", "job", "draft=small_lm", "draft.model=some/model", "draft.k=8",
+                      "sampling.temperature=0.7")
     assert out.returncode == 0, out.stderr
     assert "k: 8" in out.stdout and "temperature: 0.7" in out.stdout and "model: some/model" in out.stdout
 
@@ -64,11 +65,13 @@ BAD_INPUTS = {
     "unknown_draft": (["draft=ngram_typo"], "unknown draft 'ngram_typo'; allowed: "),
     "k_below_0": (["draft.k=-1"], "draft.k=-1 is not allowed"),
     "k_for_no_draft": (["draft=none", "draft.k=2"], "draft.k=2 is not allowed for draft=none"),
-    "missing_model_path": (["draft=small_lm", "draft.model=/no/such/model"], "model path '/no/such/model' does not exist"),
+    "missing_model_path": (["draft=small_lm", "draft.model=/no/such/model"],
+                           "model path '/no/such/model' does not exist"),
     "vocab_mismatch": (["draft=small_lm", "draft.model={tiny}"], "vocab mismatch"),
     "empty_prompt_set": (["data=hf", "data.name_or_path={empty}"], "is empty"),
     "prompt_too_long": (["data=hf", "data.name_or_path={long}"], "exceeds the target's context of 8192"),
-    "exit_layer_out_of_range": (["draft=early_exit", "draft.exit_layer=30"], "exit_layer=30 is not allowed; it must be in 1..29"),
+    "exit_layer_out_of_range": (["draft=early_exit", "draft.exit_layer=30"],
+                                "exit_layer=30 is not allowed; it must be in 1..29"),
     "lookup_caps_past_max_n": (["draft=prompt_lookup", "draft.max_tokens_after_match=[1,2,3,4]"],
                                "draft.max_tokens_after_match=[1, 2, 3, 4] is not allowed"),
     "min_confidence_out_of_range": (["draft=distilled", "draft.min_confidence=1.5"],
@@ -84,7 +87,8 @@ BAD_INPUTS = {
     "device_unknown": (["device=gpu"], "device=gpu is not a device torch knows; allowed here: auto, cpu"),
     "experiment_of_distill": (["experiment=distill_eagle3"],
                               "experiment 'distill_eagle3' is python -m specexp.distill's, not python -m specexp's"),
-    "group_of_distill": (["student=eagle3"], "'student' is not a config group of python -m specexp; its groups: target"),
+    "group_of_distill": (["student=eagle3"],
+                         "'student' is not a config group of python -m specexp; its groups: target"),
     "sweep_without_multirun": (["draft.k=1,2"], "Ambiguous value for argument 'draft.k=1,2'"),
     "k_not_integer": (["draft.k=1.5"], "draft.k=1.5 is not allowed; give an integer >= 1"),
 }
@@ -139,8 +143,9 @@ def test_default_study_end_to_end(tmp_path):
     # per timing and 8-token decodes (cold, one thread: 9 s; at the default's 1024 too, 25-36 s);
     # the default timing passes within a few seconds (how many depends on this machine's noise);
     # in a new interpreter, as the README's first command runs it
-    out = run_module("specexp", "data.limit=2", "max_new_tokens=12", "profile.context_lengths=[64,256]", "profile.repeats=1",
-                     "profile.new_tokens=8", "timing.budget_s=4", f"hydra.run.dir={run_dir}", fresh=True)
+    out = run_module("specexp", "data.limit=2", "max_new_tokens=12", "profile.context_lengths=[64,256]",
+                     "profile.repeats=1", "profile.new_tokens=8", "timing.budget_s=4", f"hydra.run.dir={run_dir}",
+                     fresh=True)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary) == {f.name for f in fields(RunSummary)}  # the record's schema, key by key
@@ -210,7 +215,8 @@ OTHER_COMMANDS_BAD_INPUTS = {
     "distill_unknown_key": ("specexp.distill", ["optim.lrr=1"], "unknown key 'optim.lrr'; optim has: lr, weight_decay"),
     "distill_unknown_objective": ("specexp.distill", ["objective=kl"], "objective 'kl' is unknown; allowed: "),
     "sweep_unknown_key": ("specexp", ["-m", "draft.kk=1,2"], "unknown key 'draft.kk'; draft=prompt_lookup has: "),
-    "collect_out_in_no_folder": ("specexp.collect", ["{sweep}", "--out", "{missing}/x"], "the folder {missing} does not exist"),
+    "collect_out_in_no_folder": ("specexp.collect", ["{sweep}", "--out", "{missing}/x"],
+                                 "the folder {missing} does not exist"),
     "figures_of_nothing": ("specexp.figures", ["{empty}"], "nothing to plot under {empty}"),
 }
 

@@ -10,9 +10,16 @@ from specexp.core.sampling import SamplingConfig
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.errors import UserInputError
 from specexp.models import LoadedModel
-from specexp.runtime import LeanRuntime
-from specexp.runtime.compiled import CAPACITY_STEP, CompiledDecoder, bucket, full_capacity_mask, full_pass, held_capacity
+from specexp.runtime.compiled import (
+    CAPACITY_STEP,
+    CompiledDecoder,
+    bucket,
+    full_capacity_mask,
+    full_pass,
+    held_capacity,
+)
 from specexp.runtime.decoder import lean_decoder
+from specexp.runtime.lean import LeanRuntime
 from tests.conftest import tiny_model
 from tests.drafters import ScriptedK, make_drafter
 
@@ -49,14 +56,16 @@ def test_compiled_passes_decode_exactly_as_transformers(tmp_path, monkeypatch):
     assert prepared.record["compile"] and prepared.record["compile_mode"] == "default"
     longest = max(map(len, prompts))  # the left-padded prompt pass's
     capacity = longest + 20 + 3 + 1  # the longest decode's booking (k = 3)
-    assert prepared.forward.warm([3], [*range(1, 5), longest], capacity, [full_pass(2)]) == len({1, 2, 4, bucket(longest)})
+    assert prepared.forward.warm([3], [*range(1, 5), longest], capacity,
+                                 [full_pass(2)]) == len({1, 2, 4, bucket(longest)})
     with torch.inference_mode():  # as the engine asks for it (warm made its buffers there)
         held = prepared.forward.held_cache(3, capacity, torch.device("cpu"))
     graphs = counters["stats"]["unique_graphs"]
     for k in (3, 0):
         assert decode(prepared.forward, target, prompts, k).tokens == decode(target.model, target, prompts, k).tokens
     assert counters["stats"]["unique_graphs"] == graphs  # no compile inside a decode
-    assert prepared.forward.compiled_passes == len(pass_sizes) > 20 and 3 in pass_sizes  # every pass compiled, one padded
+    # every pass compiled, one padded
+    assert prepared.forward.compiled_passes == len(pass_sizes) > 20 and 3 in pass_sizes
     with torch.inference_mode():
         assert prepared.forward.held_cache(3, capacity, torch.device("cpu")).keys.data_ptr() == held.keys.data_ptr()
 
@@ -138,5 +147,6 @@ def test_compiled_draft_steps_decode_greedily_as_the_target_alone(target, other_
 def test_compiled_draft_steps_under_inductor_decode_as_the_target_alone(target, other_draft, prompts, ngram_files):
     """An EAGLE head's layer and logits and the target's passes that return its features, as generated code."""
     alone = generate(lean_decoder(target.model), prompts, None, GREEDY, 20, NO_EOS, torch.Generator().manual_seed(0))
-    out, passes = compiled_decode(target, make_drafter("eagle", target, other_draft, 3, ngram_files), prompts, "inductor")
+    out, passes = compiled_decode(target, make_drafter("eagle", target, other_draft, 3, ngram_files), prompts,
+                                  "inductor")
     assert out.tokens == alone.tokens and passes["target"] > 10 and passes["draft"] > 30, passes

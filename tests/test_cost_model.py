@@ -90,8 +90,9 @@ def round_seen(proposal: Proposal, accepted, active=None) -> RoundSeen:
 
 
 def context(batch_size: int, length: int = 100) -> Context:
-    return Context(tokens=torch.zeros(batch_size, length + 16, dtype=torch.long), start=torch.zeros(batch_size, dtype=torch.long),
-                   lengths=torch.full((batch_size,), length), done=torch.zeros(batch_size, dtype=torch.bool))
+    return Context(tokens=torch.zeros(batch_size, length + 16, dtype=torch.long),
+                   start=torch.zeros(batch_size, dtype=torch.long), lengths=torch.full((batch_size,), length),
+                   done=torch.zeros(batch_size, dtype=torch.bool))
 
 
 def test_expected_tokens_counts_each_rows_limit():
@@ -341,7 +342,8 @@ def test_the_model_curve_passes_within_10_percent_of_a_recorded_sweep():
 
 @pytest.mark.default_target
 def test_profile_command_measures_prints_and_writes_a_profile_a_study_can_price_with(tmp_path):
-    out = run_module("specexp.profile", "size=smoke", "draft=prompt_lookup,distilled", "--out", str(tmp_path / "p.json"))
+    out = run_module("specexp.profile", "size=smoke", "draft=prompt_lookup,distilled", "--out",
+                     str(tmp_path / "p.json"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "T(n)/T(1) n=1..9" in out.stdout and "draft PromptLookupDrafter" in out.stdout
     profile = Profile.load(tmp_path / "p.json")
@@ -360,7 +362,8 @@ BAD_K_SETTINGS = {
     "draft.k_max=0": "draft.k_max=0 is not allowed",
     "profile.path=/nonexistent.json": "profile.path='/nonexistent.json' is not a file",
     "profile.draft_ks=[0,2]": "profile.draft_ks=[0, 2] is not allowed; give K >= 1, or null for every K",
-    "draft=distilled draft.tree=auto": "draft.tree=auto sizes a token tree; give draft.branches >= 2 (draft.branches=1)",
+    "draft=distilled draft.tree=auto": "draft.tree=auto sizes a token tree; give draft.branches >= 2 "
+                                       "(draft.branches=1)",
     "draft.branches=3": "draft.k=auto prices chains, and with auto the dynamic trees of a draft that grows them "
                         "(traits.grows_trees); this token tree (draft.branches=3) takes a fixed node budget",
 }
@@ -371,7 +374,8 @@ def bad_k_runs(tmp_path_factory) -> dict:
     """Each BAD_K_SETTINGS study, in one interpreter: override -> (its run folder, CompletedProcess)."""
     folder = tmp_path_factory.mktemp("bad_k")
     runs = {override: folder / str(i) for i, override in enumerate(BAD_K_SETTINGS)}
-    calls = {override: ("specexp", ["size=smoke", *override.split(), f"hydra.run.dir={run}"]) for override, run in runs.items()}
+    calls = {override: ("specexp", ["size=smoke", *override.split(), f"hydra.run.dir={run}"])
+             for override, run in runs.items()}
     return {override: (runs[override], out) for override, out in run_each(calls).items()}
 
 
@@ -391,8 +395,8 @@ def test_slot_counts_count_tree_slots_and_the_accepted_path():
 
 
 def tree_proposal(n: int) -> Proposal:
-    return Proposal(tokens=torch.zeros(1, n, dtype=torch.long), probs=torch.zeros(1, n, 4), n_proposed=torch.tensor([n]),
-                    parents=torch.full((1, n), -1))
+    return Proposal(tokens=torch.zeros(1, n, dtype=torch.long), probs=torch.zeros(1, n, 4),
+                    n_proposed=torch.tensor([n]), parents=torch.full((1, n), -1))
 
 
 @pytest.mark.parametrize(("slot_rates", "expected"), [([0.6, 0.4, 0.05, 0.05], 2), ([0.9, 0.8, 0.7, 0.6], 4),

@@ -40,7 +40,8 @@ NO_EOS = [10**6]
 
 def words(seed: int, n: int, letters: str) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join("".join(rng.choice(letters) for _ in range(rng.randint(1, 4))) for _ in range(12)) for _ in range(n)]
+    return [" ".join("".join(rng.choice(letters) for _ in range(rng.randint(1, 4))) for _ in range(12))
+            for _ in range(n)]
 
 
 def target_tokenizer() -> PreTrainedTokenizerFast:
@@ -97,7 +98,8 @@ def test_small_lm_picks_the_cross_vocabulary_drafter_and_refuses_what_it_cannot_
     assert isinstance(small_lm_draft(target, target, k=2), SmallLMDrafter)
     built = small_lm_draft(target, draft, k=2, vocab_mapping="string", min_overlap=0.01)
     assert isinstance(built, CrossVocabDrafter) and built.traits.k_max == 2
-    with pytest.raises(UserInputError, match=r"vocabulary overlap 0\.0\d\d between draft .* below draft.min_overlap=0.5"):
+    with pytest.raises(UserInputError,
+                       match=r"vocabulary overlap 0\.0\d\d between draft .* below draft.min_overlap=0.5"):
         small_lm_draft(target, draft, min_overlap=0.5)
     with pytest.raises(UserInputError, match="draft.vocab_mapping=bytes is not allowed; choose one of: tli, string"):
         small_lm_draft(target, draft, vocab_mapping="bytes", min_overlap=0.01)
@@ -114,7 +116,8 @@ def test_greedy_output_is_the_target_s(cross_pair, mapping, k):
     target, draft, prompts = cross_pair
     drafter = CrossVocabDrafter(target, draft, k=k, vocab_mapping=mapping, min_overlap=0.01)
     ar = engine.generate(target.model, prompts, None, SamplingConfig(), 24, NO_EOS, torch.Generator().manual_seed(0))
-    spec = engine.generate(target.model, prompts, drafter, SamplingConfig(), 24, NO_EOS, torch.Generator().manual_seed(0))
+    spec = engine.generate(target.model, prompts, drafter, SamplingConfig(), 24, NO_EOS,
+                           torch.Generator().manual_seed(0))
     assert spec.tokens == ar.tokens
     assert int(spec.n_proposed.sum()) > 0
     # every drafted round re-encoded text and reported it within its draft time; AR rounds none
@@ -143,7 +146,8 @@ def sampled_case(cross_pair, mapping: str, k: int, sampling_name: str) -> tuple[
 @pytest.mark.parametrize(("mapping", "k", "sampling_name"), [
     ("tli", 3, "t1.3_top-p0.7"), ("string", 2, "t0.8_top-k3"),
     pytest.param("tli", 1, "t1", marks=pytest.mark.slow), pytest.param("tli", 5, "t0.8_top-k3", marks=pytest.mark.slow),
-    pytest.param("string", 1, "t1.3_top-p0.7", marks=pytest.mark.slow), pytest.param("string", 4, "t1", marks=pytest.mark.slow),
+    pytest.param("string", 1, "t1.3_top-p0.7", marks=pytest.mark.slow),
+    pytest.param("string", 4, "t1", marks=pytest.mark.slow),
 ])
 def test_sampled_tokens_1_to_3_follow_the_target(cross_pair, mapping, k, sampling_name):
     p_value, tvd, accepted = sampled_case(cross_pair, mapping, k, sampling_name)
@@ -181,7 +185,8 @@ def byte_level_draft_folder(tmp_path_factory, cross_pair):
 
 @pytest.mark.default_target
 @pytest.mark.parametrize("mapping", ["tli", "string"])
-def test_a_draft_of_another_tokenizer_runs_from_the_cli_on_the_default_target(byte_level_draft_folder, tmp_path, mapping):
+def test_a_draft_of_another_tokenizer_runs_from_the_cli_on_the_default_target(byte_level_draft_folder, tmp_path,
+                                                                              mapping):
     """draft=small_lm with a model folder of another tokenizer (the real local-path code path): the
     study runs it through the cross-vocabulary drafter, greedy identical to the target."""
     run_dir = tmp_path / "run"
@@ -189,7 +194,8 @@ def test_a_draft_of_another_tokenizer_runs_from_the_cli_on_the_default_target(by
                           "draft.k=2", "profile.enabled=false", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["greedy_match"] == 1.0 and summary["draft"] == "small_lm"  # its config (the drafter: cross-vocabulary)
+    # its config (the drafter: cross-vocabulary)
+    assert summary["greedy_match"] == 1.0 and summary["draft"] == "small_lm"
     assert 0.05 < summary["vocab_overlap"] <= 1 and summary["reencode_ms_per_round"] > 0
     assert 0 < summary["time_split"]["draft_reencode"] < summary["time_split"]["draft"]
 

@@ -42,7 +42,8 @@ def logged_run(tmp_path_factory) -> dict:
     test run). K is fixed: draft.k=auto may rightly choose plain AR steps throughout on a machine
     where verifying costs more, and a run that drafted nothing writes no acceptance curve."""
     folder, out = cli_once_per_run(tmp_path_factory, "dashboard_logged_run", [
-        "logger=wandb", "size=smoke", "data.limit=2", "max_new_tokens=6", "draft.k=8", "hydra.run.dir={folder}/run"], 600)
+        "logger=wandb", "size=smoke", "data.limit=2", "max_new_tokens=6", "draft.k=8",
+        "hydra.run.dir={folder}/run"], 600)
     assert out.returncode == 0, out.stderr[-3000:]
     (wandb_dir,) = (folder / "run" / "wandb").glob("offline-run-*")
     return offline_run(wandb_dir)
@@ -66,7 +67,8 @@ def test_the_logged_history_draws_speedup_against_k_and_the_acceptance_curve(log
     expected = [tuple(row[:2]) for row in logged_run["tables"]["acceptance_curve"]["data"]]  # position, acceptance
     assert curve and [p for p, _ in curve] == [p for p, _ in expected]
     assert [a for _, a in curve] == pytest.approx([a for _, a in expected])
-    ci = [(row.get("acceptance_ci95_lo"), row.get("acceptance_ci95_hi")) for row in logged_run["history"] if "position" in row]
+    ci = [(row.get("acceptance_ci95_lo"), row.get("acceptance_ci95_hi"))
+          for row in logged_run["history"] if "position" in row]
     # a position reached by one prompt has no interval (in the history as in the table)
     assert [lo is None for lo, _ in ci] == [row[2] is None for row in logged_run["tables"]["acceptance_curve"]["data"]]
     assert all(lo <= a <= hi for (lo, hi), (_, a) in zip(ci, curve, strict=True) if lo is not None)

@@ -34,7 +34,8 @@ def test_local_files_with_a_configurable_text_column(tmp_path, suffix):
 
 def test_spec_bench_question_file_keeps_categories(tmp_path):
     path = tmp_path / "question.jsonl"
-    rows = [{"question_id": i, "category": c, "turns": [f"q{i}", "second turn"]} for i, c in enumerate(["rag", "qa", "rag"])]
+    rows = [{"question_id": i, "category": c, "turns": [f"q{i}", "second turn"]}
+            for i, c in enumerate(["rag", "qa", "rag"])]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     prompts = question_jsonl(str(path))
     assert [(p.id, p.text, p.category) for p in prompts] == [("0", "q0", "rag"), ("1", "q1", "qa"), ("2", "q2", "rag")]

@@ -11,7 +11,7 @@ from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.errors import UserInputError
 from specexp.models import load_model, spread_over_devices
 from specexp.paths import CONFIG_DIR
-from specexp.runtime import LeanRuntime
+from specexp.runtime.lean import LeanRuntime
 from tests.conftest import tiny_model
 
 NO_EOS = [10**6]
@@ -39,7 +39,8 @@ def test_a_mapped_target_decodes_like_the_model_on_one_device(saved_target, prom
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
     reference = load_model(str(saved_target), dtype="float32", device="cpu")
     mapped = load_model(str(saved_target), dtype="float32", device="cpu",
-                        device_map=SPREAD if device_map == "spread" else device_map, offload_folder=str(tmp_path / "off"))
+                        device_map=SPREAD if device_map == "spread" else device_map,
+                        offload_folder=str(tmp_path / "off"))
     assert spread_over_devices(mapped.model) == (device_map == "spread")
     prepared = LeanRuntime().prepare(mapped, None, [1, 2, 3])
     if device_map == "spread":  # transformers' forward with accelerate's hooks, which the plan would bypass

@@ -89,7 +89,8 @@ def test_on_policy_mix_follows_the_ratio_and_repeats():
 
 
 def test_reduced_vocabulary_student_trains_and_exports_as_an_exact_draft(tmp_path):
-    target = tiny_model(0, layers=2, vocab_size=64, scale=8.0, dtype=torch.float32)  # sharp enough for 48 tokens to matter
+    # sharp enough for 48 tokens to matter
+    target = tiny_model(0, layers=2, vocab_size=64, scale=8.0, dtype=torch.float32)
     blocks = token_blocks(target_documents(target), EOS, 32)
     vocab = DraftVocab(frequent_tokens(documents_from_blocks(blocks), 48, [EOS]), target.vocab_size, "vocab_size=64")
     with torch.no_grad():  # the best a draft on these tokens can do: TVD >= P(token outside them)
@@ -172,7 +173,8 @@ def test_distill_command_end_to_end(tmp_path, tiny_local_conf):
             "trainer.log_every_n_steps=1", "trainer_logger=csv", f"hydra.run.dir={run_dir}"]
     out = run_distill(*args)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "student exported to" in out.stdout and "decode with it: python -m specexp draft=small_lm draft.model=" in out.stdout
+    assert ("student exported to" in out.stdout
+            and "decode with it: python -m specexp draft=small_lm draft.model=" in out.stdout)
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
     header = next((run_dir / "logs").rglob("metrics.csv")).read_text().splitlines()[0]
     assert "val/alpha" in header and "lr-AdamW" in header  # the logger got the metric and the LR
@@ -202,10 +204,11 @@ def test_distill_command_end_to_end(tmp_path, tiny_local_conf):
 
 def test_exit_head_command_end_to_end(tmp_path, tiny_local_conf):
     """student=exit_head trains a head over a tiny local target's layer 4 and exports a head
-    folder (no model copy) that draft=early_exit runs exactly (the shipped heads on the default target: the exit-layer sweep)."""
+    folder (no model copy) that draft=early_exit runs exactly (the shipped heads on the default target: the
+    exit-layer sweep)."""
     run_dir, tiny = tmp_path / "run", on_tiny_local_target(tiny_local_conf)
-    out = run_distill(*tiny, "student=exit_head", "student.exit_layer=4", "student.adapter_size=32", "draft_vocab_size=512",
-                      "teacher_top_k=16", *toy_corpus_args(tmp_path), "trainer.max_steps=4",
+    out = run_distill(*tiny, "student=exit_head", "student.exit_layer=4", "student.adapter_size=32",
+                      "draft_vocab_size=512", "teacher_top_k=16", *toy_corpus_args(tmp_path), "trainer.max_steps=4",
                       "trainer.val_check_interval=2", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     head = run_dir / "student"

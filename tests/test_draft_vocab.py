@@ -37,7 +37,8 @@ def test_maps_between_target_and_draft_ids():
         DraftVocab([2, 2], target_vocab_size=12)
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(), SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=3),
+@pytest.mark.parametrize("cfg", [SamplingConfig(), SamplingConfig(temperature=1.0),
+                                 SamplingConfig(temperature=0.7, top_k=3),
                                  SamplingConfig(temperature=1.3, top_p=0.8)], ids=["greedy", "t1", "top_k", "top_p"])
 def test_sampling_over_the_kept_tokens_equals_sampling_the_target_space(cfg):
     """The draft-space shortcut draws the same tokens with the same q as warping V logits that
@@ -61,7 +62,8 @@ def test_a_reduced_draft_proposes_only_its_tokens_with_zero_q_elsewhere(target, 
     tokens = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
     ctx = Context(tokens=tokens, start=P - lengths, lengths=torch.full((3,), P), done=torch.zeros(3, dtype=torch.bool))
     drafter.reset(ctx)
-    proposal = drafter.propose(ctx, drafter.traits.k_max, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    proposal = drafter.propose(ctx, drafter.traits.k_max, SamplingConfig(temperature=1.0),
+                               torch.Generator().manual_seed(0))
     assert torch.isin(proposal.tokens, kept).all()
     outside = torch.ones(target.vocab_size, dtype=torch.bool)
     outside[kept] = False

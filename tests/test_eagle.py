@@ -52,11 +52,13 @@ def test_drafting_equals_the_training_forward_through_ragged_rewinds(target, pro
                     continue
                 n = chain.shape[0]
                 sequence = torch.cat([tokens, chain[: n - 1]])[None]  # [1, len + n - 1]
-                padded = torch.cat([features[:-1], features.new_zeros(n, features.shape[-1])])[None]  # the tip's: none yet
+                # the tip's: none yet
+                padded = torch.cat([features[:-1], features.new_zeros(n, features.shape[-1])])[None]
                 steps = head.unrolled(sequence, padded, n)
                 for j in range(n):  # step j+1's entry for the chain's token j (entry t reads token t+1)
                     logits = head.target_logits(steps[j][0][0, len(tokens) - 2 + j])
-                    torch.testing.assert_close(q[j], torch.softmax(logits.float(), -1).to(q.dtype), rtol=1e-6, atol=1e-9)
+                    torch.testing.assert_close(q[j], torch.softmax(logits.float(), -1).to(q.dtype),
+                                               rtol=1e-6, atol=1e-9)
                     checked += 1
     assert checked >= 3 * len(prompts) * 2  # at least two rounds of every row with features
 
@@ -133,22 +135,23 @@ def test_eagle3_command_end_to_end(tmp_path, tiny_local_conf):
     head folder that draft=eagle runs exactly as a dynamic tree with int8 linears (the shipped head
     on the default target, as chains: the smoke k_sweep and draft_compare)."""
     run_dir, tiny = tmp_path / "run", on_tiny_local_target(tiny_local_conf)
-    out = run_distill(*tiny, "student=eagle3", "student.intermediate_size=256", "draft_vocab_size=512", "feature_cache=true",
-                      *toy_corpus_args(tmp_path), "trainer.max_steps=4", "trainer.val_check_interval=2",
-                      f"hydra.run.dir={run_dir}")
+    out = run_distill(*tiny, "student=eagle3", "student.intermediate_size=256", "draft_vocab_size=512",
+                      "feature_cache=true", *toy_corpus_args(tmp_path), "trainer.max_steps=4",
+                      "trainer.val_check_interval=2", f"hydra.run.dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "feature cache: hidden states [2, 4, 5, 8] of" in out.stdout and "writing it now" in out.stdout
     caches = [p for p in (tmp_path / "cache").glob("corpus-*-features-*") if (p / "dataset_info.json").exists()]
     assert len(caches) == 1 and not list((tmp_path / "cache").glob("*.map.arrow"))  # no second copy left behind
     head = run_dir / "student"
     config = json.loads((head / "config.json").read_text())  # the speculators format vLLM serves
-    assert config["speculators_model_type"] == "eagle3" and 0 < config["draft_vocab_size"] <= 512  # the toy corpus's ids
+    # the toy corpus's ids
+    assert config["speculators_model_type"] == "eagle3" and 0 < config["draft_vocab_size"] <= 512
     assert config["eagle_aux_hidden_state_layer_ids"] is None  # the published default: 2, N/2, N-3 = 2, 4, 5
     result = json.loads((run_dir / "result.json").read_text())
     assert result["steps"] == 4 and result["parameters"] < 200_000  # the head alone (the target has 3.2M)
     # a fixed node budget, unpriced: the export is under test (a priced study of a fresh head: test_medusa's)
-    study = run_smoke_study(*tiny, "draft=eagle", f"draft.head={head}", "draft.branches=2", "draft.k=4", "draft.quantize=int8",
-                            "profile.enabled=false", f"hydra.run.dir={tmp_path / 'study'}")
+    study = run_smoke_study(*tiny, "draft=eagle", f"draft.head={head}", "draft.branches=2", "draft.k=4",
+                            "draft.quantize=int8", "profile.enabled=false", f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     summary = json.loads((tmp_path / "study" / "summary.json").read_text())
     assert summary["greedy_match"] == 1.0
@@ -174,7 +177,8 @@ def test_a_feature_cache_gives_the_live_passes_teacher_and_features(sharp_pair, 
     scratch = tmp_path / "map.arrow"
     cached = with_target_features(blocks, target, layers, batch_size=4, scratch_file=scratch).with_format("torch")
     assert scratch.exists() and cached[0]["features"].shape == (32, len(layers) * 32)
-    assert feature_cache_bytes(6, 32, layers, 32) == cached[:]['features'].numel() * 4  # the size printed first (float32)
+    # the size printed first (float32)
+    assert feature_cache_bytes(6, 32, layers, 32) == cached[:]['features'].numel() * 4
     batch = {"input_ids": cached[:4]["input_ids"], "features": cached[:4]["features"]}
     module = FeatureDistillModule(student, target, "forward_kl", lr=1e-2, warmup_steps=2)
     live_logits, live_features = teacher_pass(target.model, batch["input_ids"], head.hidden_layers)

@@ -26,7 +26,8 @@ SPECULATORS_KEYS = {"fc.weight", "layers.0.input_layernorm.weight", "layers.0.hi
                     "layers.0.post_attention_layernorm.weight", "layers.0.self_attn.q_proj.weight",
                     "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight",
                     "layers.0.self_attn.o_proj.weight", "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight",
-                    "layers.0.mlp.down_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "embed_tokens.weight"}
+                    "layers.0.mlp.down_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+                    "embed_tokens.weight"}
 
 
 def head_logits(head: Eagle3Head, target, steps: int = 2) -> list[torch.Tensor]:
@@ -46,7 +47,8 @@ def test_the_speculators_folder_round_trips_bit_for_bit(target, tmp_path):
     assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # not the published default for 2 layers
     weights = load_file(tmp_path / "head" / "model.safetensors")
     assert set(weights) == SPECULATORS_KEYS | {"input_norm.weight"}
-    assert torch.equal(weights["embed_tokens.weight"], target.model.get_input_embeddings().weight)  # as speculators writes
+    # as speculators writes
+    assert torch.equal(weights["embed_tokens.weight"], target.model.get_input_embeddings().weight)
     assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
     assert torch.equal(torch.arange(head.draft_vocab.size) + weights["d2t"], head.draft_vocab.target_ids)
     loaded = resolve_head(target, str(tmp_path / "head"))
@@ -68,7 +70,8 @@ def test_the_eagle_specforge_layout_loads_as_the_same_head(target, tmp_path):
     folder = tmp_path / "specforge"
     folder.mkdir()
     save_file({k.replace("layers.0.", "midlayer."): v for k, v in weights.items()}, folder / "model.safetensors")
-    config = head.config.to_dict() | {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": head.draft_vocab.size,
+    config = head.config.to_dict() | {"architectures": ["LlamaForCausalLMEagle3"],
+                                      "draft_vocab_size": head.draft_vocab.size,
                                       "eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 0, 1]}}
     (folder / "config.json").write_text(json.dumps(config))
     assert read_folder(folder).layout == "eagle" and read_folder(folder).aux_layers == (0, 1, 2)
@@ -101,7 +104,8 @@ def test_mismatches_are_one_line_errors_naming_both(target, tmp_path):
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     config["speculators_config"]["verifier"]["name_or_path"] = "meta-llama/Llama-3.1-8B-Instruct"
     (tmp_path / "head" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(DraftDoesNotApply, match="trained for verifier 'meta-llama/Llama-3.1-8B-Instruct'; the target is"):
+    with pytest.raises(DraftDoesNotApply,
+                       match="trained for verifier 'meta-llama/Llama-3.1-8B-Instruct'; the target is"):
         resolve_head(target, str(tmp_path / "head"))
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -144,7 +148,8 @@ def test_export_writes_the_speculators_format_with_the_verifier_vllm_loads(targe
     weights = {k.replace("layers.0.", "midlayer."): v for k, v in head.state_dict().items()}
     (tmp_path / "specforge").mkdir()
     save_file(weights, tmp_path / "specforge" / "model.safetensors")
-    config = head.config.to_dict() | {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": head.draft_vocab.size,
+    config = head.config.to_dict() | {"architectures": ["LlamaForCausalLMEagle3"],
+                                      "draft_vocab_size": head.draft_vocab.size,
                                       "eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 0, 1]}}
     (tmp_path / "specforge" / "config.json").write_text(json.dumps(config))
     out = run_module("specexp.export", str(tmp_path / "specforge"), "--out", str(tmp_path / "served"), "--verifier",
@@ -153,13 +158,15 @@ def test_export_writes_the_speculators_format_with_the_verifier_vllm_loads(targe
     written = json.loads((tmp_path / "served" / "config.json").read_text())
     assert written["speculators_config"]["verifier"]["name_or_path"] == target.name
     assert written["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
-    assert set(load_file(tmp_path / "served" / "model.safetensors")) == SPECULATORS_KEYS - {"embed_tokens.weight"}  # as held
+    # as held
+    assert set(load_file(tmp_path / "served" / "model.safetensors")) == SPECULATORS_KEYS - {"embed_tokens.weight"}
     loaded = resolve_head(target, str(tmp_path / "served"))
     for a, b in zip(head_logits(head, target), head_logits(loaded, target), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     for args, error in (([str(tmp_path / "specforge"), "--out", str(tmp_path / "x")], "names no verifier"),
                         ([str(tmp_path / "nothing"), "--out", str(tmp_path / "y")], "does not exist"),
-                        ([str(tmp_path / "specforge"), "--out", str(tmp_path / "served")], "exists; give a new folder")):
+                        ([str(tmp_path / "specforge"), "--out", str(tmp_path / "served")],
+                         "exists; give a new folder")):
         bad = run_module("specexp.export", *args)
         assert bad.returncode == 2 and bad.stderr.startswith("error: ") and error in bad.stderr, bad.stderr
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

@@ -65,7 +65,8 @@ class RecordingSharedDrafter(SharedEarlyExitDrafter):
         self.max_error, self.passes, self.ctx = 0.0, 0, None
         self.positions = [0] * self.decoder.n_layers
         # o_proj runs once per layer and pass, on [B, T, H]: a count of the positions each layer ran
-        self.hooks = [w.layer.self_attn.o_proj.register_forward_hook(lambda mod, args, out, i=i: self._count(i, args[0]))
+        self.hooks = [w.layer.self_attn.o_proj.register_forward_hook(
+                          lambda mod, args, out, i=i: self._count(i, args[0]))
                       for i, w in enumerate(self.decoder.layers)]
 
     def remove_hooks(self):
@@ -181,7 +182,8 @@ def test_reduced_vocabulary_head_round_trips(deep_target, prompts, tmp_path):
     assert loaded.draft_vocab.target_ids.tolist() == head.draft_vocab.target_ids.tolist()
     assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in head.state_dict().items())
     sampling = SamplingConfig(temperature=1.0)
-    a, b = (_gen(deep_target, prompts, SharedEarlyExitDrafter(deep_target, h, k=3), sampling, seed=2) for h in (head, loaded))
+    a, b = (_gen(deep_target, prompts, SharedEarlyExitDrafter(deep_target, h, k=3), sampling, seed=2)
+            for h in (head, loaded))
     assert a.tokens == b.tokens and torch.equal(a.n_accepted, b.n_accepted)
 
 

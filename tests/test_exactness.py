@@ -27,7 +27,7 @@ from specexp.core import engine
 from specexp.core.sampling import SamplingConfig, logits_to_probs, sample
 from specexp.core.tree import chain_parents
 from specexp.core.verify import tree_verify
-from specexp.runtime import LeanRuntime
+from specexp.runtime.lean import LeanRuntime
 from tests.conftest import build_ngram_files, tiny_model
 from tests.drafters import DRAFT_KINDS, GRID_CASE_OF_CONFIG, NOT_IN_THE_SAMPLED_GRID, make_drafter
 from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, exact_joint, grouped_chi_square
@@ -107,7 +107,8 @@ def check_case(pair, kind: str, k: int, sampling_name: str, build=None,
     sampling = SAMPLINGS[sampling_name]
     expected = torch.stack([exact_joint(target, p, sampling) for p in PROMPTS])  # [3, V^3]
     if sampling_name != "t1":  # the warp really cuts: some continuations become impossible
-        unwarped = torch.stack([exact_joint(target, p, SamplingConfig(temperature=sampling.temperature)) for p in PROMPTS])
+        unwarped = torch.stack([exact_joint(target, p, SamplingConfig(temperature=sampling.temperature))
+                                for p in PROMPTS])
         assert bool(((expected == 0) & (unwarped > 0)).any())
     drafter = make_drafter(kind, target, other, k, files) if build is None else build(target, other, k, files)
     forward = None
@@ -164,7 +165,8 @@ def test_compiled_draft_steps_sample_the_target(pair, kind, k, sampling_name, ba
     """runtime.compile=true: the same test with the target's and the draft's steps compiled (inductor's
     generated code for a small LM; dynamo's capture alone for the others, tests/test_compiled.py)."""
     p_value, tvd, _ = check_case(pair, kind, k, sampling_name, compile_backend=backend)
-    assert p_value > P_VALUE_THRESHOLD, f"{kind} K={k} {sampling_name} compiled: p = {p_value:.2e} (detects TVD >= {tvd:.3f})"
+    assert p_value > P_VALUE_THRESHOLD, (f"{kind} K={k} {sampling_name} compiled: p = {p_value:.2e} "
+                                         f"(detects TVD >= {tvd:.3f})")
 
 
 @pytest.mark.slow
@@ -199,7 +201,8 @@ def test_tree_siblings_priced_as_iid_draws_are_caught(pair, kind, k, sampling_na
 
     monkeypatch.setattr(dynamic_tree, "draw_children", iid_priced)
     p_value, _, _ = check_case(pair, kind, k, sampling_name)
-    assert p_value < P_VALUE_THRESHOLD, f"{kind} K={k} {sampling_name}: i.i.d.-priced siblings passed (p = {p_value:.3f})"
+    assert p_value < P_VALUE_THRESHOLD, (f"{kind} K={k} {sampling_name}: i.i.d.-priced siblings passed "
+                                         f"(p = {p_value:.3f})")
 
 
 # The shipped distilled draft on the default target: its vocabulary is too large to enumerate,

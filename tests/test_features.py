@@ -28,7 +28,8 @@ class Recording:
 
     def propose(self, ctx: Context, k: int, sampling, generator) -> Proposal:
         rows = [(int(s), int(n)) for s, n in zip(ctx.start, ctx.lengths, strict=True)]
-        self.seen.append([(ctx.tokens[b, s:n].clone(), ctx.features[b, s : n - 1].clone()) for b, (s, n) in enumerate(rows)])
+        self.seen.append([(ctx.tokens[b, s:n].clone(), ctx.features[b, s : n - 1].clone())
+                          for b, (s, n) in enumerate(rows)])
         return self.inner.propose(ctx, k, sampling, generator)
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:

@@ -160,7 +160,8 @@ def test_wandb_jobs_maps_runs_to_the_job_table(monkeypatch):
 
     import wandb
 
-    runs = [types.SimpleNamespace(job_type="prompt_lookup", summary={"alpha": 0.4, "speedup": 1.1, "_step": 3, "name": "x"},
+    runs = [types.SimpleNamespace(job_type="prompt_lookup",
+                                  summary={"alpha": 0.4, "speedup": 1.1, "_step": 3, "name": "x"},
                                   config={"draft": {"k": 4}, "sampling": {"temperature": 0.0}, "batch_size": 1})]
     calls = []
 
@@ -174,8 +175,8 @@ def test_wandb_jobs_maps_runs_to_the_job_table(monkeypatch):
 
     table = wandb_jobs("me/specexp", group="k_sweep")
     assert calls == [("me/specexp", {"group": "k_sweep"})]
-    assert table.to_dict("records") == [{"draft": "prompt_lookup", "k": 4, "k_label": "4", "branches": 1, "temperature": 0.0,
-                                         "batch_size": 1, "alpha": 0.4, "speedup": 1.1}]
+    assert table.to_dict("records") == [{"draft": "prompt_lookup", "k": 4, "k_label": "4", "branches": 1,
+                                         "temperature": 0.0, "batch_size": 1, "alpha": 0.4, "speedup": 1.1}]
 
 
 def test_tree_budget_draws_tau_and_speedup_per_branching_with_the_models_prediction():

@@ -15,8 +15,9 @@ from tests.commands import REPO, default_env
 
 def test_gpu_pairs_runs_at_toy_shapes_and_prices_each_pair(tmp_path):
     out = tmp_path / "pairs.md"
-    run = subprocess.run([sys.executable, "gpu_pairs.py", "--shapes", "toy", "--backend", "eager", "--alphas", "0.6,1.0",
-                          "--ks", "2,3", "--prompts", "2", "--max-new-tokens", "16", "--out", str(out)],
+    run = subprocess.run([sys.executable, "gpu_pairs.py", "--shapes", "toy", "--backend", "eager",
+                          "--alphas", "0.6,1.0", "--ks", "2,3", "--prompts", "2", "--max-new-tokens", "16",
+                          "--out", str(out)],
                          cwd=REPO / "benchmarks", capture_output=True, text=True, timeout=600, env=default_env())
     assert run.returncode == 0, run.stderr[-3000:]
     results = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
@@ -25,7 +26,8 @@ def test_gpu_pairs_runs_at_toy_shapes_and_prices_each_pair(tmp_path):
     assert {(r["k"], r["alpha"]) for r in pairs} == {(2, 0.6), (2, 1.0), (3, 0.6), (3, 1.0)}
     for r in pairs:
         assert r["identical"], r  # greedy output is the target's, whatever the oracle proposes
-        assert r["analytic"] == pytest.approx(expected_tokens_per_round(r["alpha"], r["k"]) / (r["k"] * costs["c"] + r["v"]))
+        assert r["analytic"] == pytest.approx(expected_tokens_per_round(r["alpha"], r["k"])
+                                              / (r["k"] * costs["c"] + r["v"]))
         assert r["realized_over_analytic"] == pytest.approx(r["speedup"] / r["analytic"])
         if r["alpha"] == 1.0:  # every proposal is the target's own continuation
             assert r["alpha_measured"] == 1.0 and r["tau"] > r["k"]

@@ -73,7 +73,8 @@ def synthetic_timings(rng: np.random.Generator, ratio: float, batches: int = 8, 
         base = rng.uniform(2.0, 6.0)  # AR seconds of this batch
         for r in range(repeats):
             rows.append({"batch": b, "repeat": r, "tokens_spec": 64, "tokens_ar": 64,
-                         "total_s_ar": base * rng.lognormal(0, noise), "total_s_spec": base / ratio * rng.lognormal(0, noise)})
+                         "total_s_ar": base * rng.lognormal(0, noise),
+                         "total_s_spec": base / ratio * rng.lognormal(0, noise)})
     return pd.DataFrame(rows)
 
 
@@ -87,7 +88,8 @@ def heterogeneous_study(rng: np.random.Generator, batches: int, timings: int, sp
     speedup = np.exp(rng.normal(np.log(median_speedup), speedup_sd, batches))[:, None]
     total_s_ar = ar * np.exp(rng.normal(0, noise, (batches, timings)))  # [B, n]
     total_s_spec = ar / speedup * np.exp(rng.normal(0, noise, (batches, timings)))
-    paired = pd.DataFrame({"batch": np.repeat(np.arange(batches), timings), "repeat": np.tile(np.arange(timings), batches),
+    paired = pd.DataFrame({"batch": np.repeat(np.arange(batches), timings),
+                           "repeat": np.tile(np.arange(timings), batches),
                            "tokens_spec": 64.0, "total_s_spec": total_s_spec.ravel(), "tokens_ar": 64.0,
                            "total_s_ar": total_s_ar.ravel()})
     return paired, median_speedup * math.exp(-(speedup_sd**2) / 2)
@@ -153,7 +155,8 @@ def test_the_acceptance_intervals_hold_their_level_over_heterogeneous_prompts(un
         lo, hi = intervals.log_t_interval(emitted, rounds)
         tau_hits += lo <= 1.6 <= hi
     for name, hits in (("alpha", alpha_hits), ("tau", tau_hits)):
-        assert lowest * n <= hits <= 0.98 * n, f"the {name} interval held the truth in {hits / n:.3f} at {units} prompts"
+        assert lowest * n <= hits <= 0.98 * n, (f"the {name} interval held the truth in {hits / n:.3f} "
+                                                f"at {units} prompts")
 
 
 def test_too_few_units_get_no_interval_and_say_why():
@@ -197,10 +200,12 @@ def test_noise_and_between_batch_halfwidths_split_what_repeats_can_narrow():
     split = intervals.speedup_interval(differing, rng)
     assert split["between_batch_halfwidth"] > 5 * split["noise_halfwidth"]
     once = intervals.speedup_interval(synthetic_timings(rng, 1.0, repeats=1), rng)
-    assert once["noise_halfwidth"] is None and once["speedup_ci95"] is not None  # one timing says nothing of noise alone
+    # one timing says nothing of noise alone
+    assert once["noise_halfwidth"] is None and once["speedup_ci95"] is not None
 
 
-def two_stage_study(rng: np.random.Generator, settings: TimingSettings, batches: int, **design) -> tuple[dict, float, int]:
+def two_stage_study(rng: np.random.Generator, settings: TimingSettings, batches: int,
+                    **design) -> tuple[dict, float, int]:
     """One study timed as run_study times it: the pilot's passes, the passes the pilot plans, the
     interval of all of them (the pilot marked); returns the interval, the truth and the passes."""
     per_pass = timing.TIMINGS_PER_PASS
@@ -326,7 +331,8 @@ def test_repeated_passes_repeat_the_same_work(tmp_path, target, other_draft):
     batches = pd.read_parquet(tmp_path / "batches.parquet")
     assert batches.groupby(["mode", "batch"])["tokens"].nunique().eq(1).all()
     assert summary["greedy_match"] == 1.0 and summary["alpha_ci95"] is not None
-    assert len(summary["acceptance_curve_ci95"]) == 2 and summary["acceptance_curve_ci95"][0][0] <= summary["acceptance_curve"][0]
+    assert (len(summary["acceptance_curve_ci95"]) == 2
+            and summary["acceptance_curve_ci95"][0][0] <= summary["acceptance_curve"][0])
 
 
 def test_timing_settings_reject_bad_values():
@@ -338,7 +344,8 @@ def test_timing_settings_reject_bad_values():
 
 
 def test_the_no_draft_never_proposes(target, prompts):
-    out = generate(target.model, prompts, NoDrafter(target), SamplingConfig(), 8, NO_EOS, torch.Generator().manual_seed(0))
+    out = generate(target.model, prompts, NoDrafter(target), SamplingConfig(), 8, NO_EOS,
+                   torch.Generator().manual_seed(0))
     alone = generate(target.model, prompts, None, SamplingConfig(), 8, NO_EOS, torch.Generator().manual_seed(0))
     assert out.tokens == alone.tokens and out.n_proposed.sum() == 0 and set(out.k_chosen) == {0}
 
@@ -364,10 +371,12 @@ def test_the_aa_control_experiment_runs_every_never_proposing_draft(tmp_path):
     table = run_module("specexp.collect", str(sweep))
     collected = pd.read_parquet(sweep / "collected.parquet")
     assert table.returncode == 0 and collected["speedup_ci95_lo"].notna().all() and "[" in table.stdout
-    # its record, written by the script from what the jobs measured: each job's section, 1.00 judged against its interval
+    # its record, written by the script from what the jobs measured: each job's section, 1.00 judged
+    # against its interval
     record = tmp_path / "aa_control.md"
     script = Path(__file__).parents[1] / "benchmarks" / "aa_control.py"
-    written = subprocess.run([sys.executable, str(script), str(sweep), "--out", str(record)], capture_output=True, text=True)
+    written = subprocess.run([sys.executable, str(script), str(sweep), "--out", str(record)],
+                             capture_output=True, text=True)
     assert written.returncode == 0, written.stderr[-2000:]
     text = record.read_text()
     assert text.count("\n## ") == 3 and text.count("1.00 inside the interval") + text.count("1.00 **outside**") == 3

@@ -186,12 +186,14 @@ def test_a_tree_grown_a_level_per_call_sees_its_ancestors_and_keeps_the_accepted
                 parents, tokens = torch.cat([parents, new_parents], 1), torch.cat(
                     [tokens, torch.randint(2, V, (3, e), generator=g)], 1)
                 paths = [[root_path(parents[b].tolist(), i) for i in range(n + e)] for b in range(3)]
-                seen = torch.tensor([[[j in paths[b][i] for j in range(n + e)] for i in range(n, n + e)] for b in range(3)])
+                seen = torch.tensor([[[j in paths[b][i] for j in range(n + e)] for i in range(n, n + e)]
+                                     for b in range(3)])
                 positions = tip_position + torch.tensor([[len(paths[b][i]) for i in range(n, n + e)] for b in range(3)])
                 logits = kv.forward_nodes(model, tokens[:, n:], positions, seen, logits_to_keep=e)  # [3, e, V]
                 for b in range(3):
                     for i in range(n, n + e):
-                        fresh = target.model(torch.tensor([committed[b] + tokens[b, paths[b][i]].tolist()])).logits[0, -1]
+                        fresh = target.model(
+                            torch.tensor([committed[b] + tokens[b, paths[b][i]].tolist()])).logits[0, -1]
                         torch.testing.assert_close(logits[b, i - n], fresh, rtol=1e-9, atol=1e-9)
             N = parents.shape[1]
             accepted = [root_path(parents[b].tolist(), int(torch.randint(-1, N, (1,), generator=g))) for b in range(3)]

@@ -10,7 +10,8 @@ import pytest
 
 from tests.commands import REPO
 
-CORE_MODULES = sorted(f"specexp.core.{p.stem}" for p in (REPO / "specexp" / "core").glob("*.py") if p.stem != "__init__")
+CORE_MODULES = sorted(f"specexp.core.{p.stem}" for p in (REPO / "specexp" / "core").glob("*.py")
+                      if p.stem != "__init__")
 
 
 # What a fresh interpreter has loaded of specexp after importing each of these (imports run at import time)
@@ -83,7 +84,8 @@ def import_graph() -> dict[str, set[str]]:
         deps = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specexp"):
-                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module for a in node.names}
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                         for a in node.names}
             elif isinstance(node, ast.Import):
                 deps |= {a.name for a in node.names if a.name.startswith("specexp.")}
         graph[module] = {d for d in deps if d in files and d != module}

@@ -53,7 +53,8 @@ def test_save_load_round_trip_and_errors(target, tmp_path):
     features = teacher_pass(target.model, torch.tensor([[5, 9, 2, 7]]), (2,))[1]
     with torch.no_grad():
         torch.testing.assert_close(loaded(features), heads(features), rtol=0, atol=0)
-    assert loaded.n_heads == 3 and sum(p.numel() for p in loaded.parameters()) == sum(p.numel() for p in heads.parameters())
+    assert (loaded.n_heads == 3
+            and sum(p.numel() for p in loaded.parameters()) == sum(p.numel() for p in heads.parameters()))
 
     with pytest.raises(UserInputError, match="medusa head .* was trained for another target") as error:
         MedusaHeads.load(tmp_path / "heads", tiny_model(0, layers=3))
@@ -80,7 +81,8 @@ def test_training_raises_heldout_alpha(sharp_pair, tmp_path):
     prompts = [[5, 6, 7, 8], [3, 4, 9]]
     alone = generate(target.model, prompts, None, SamplingConfig(), 12, NO_EOS)
     spec = generate(target.model, prompts, drafter, SamplingConfig(), 12, NO_EOS)
-    assert spec.tokens == alone.tokens  # (2 tokens ahead of a random target, greedy matches ~6%: acceptance is test_engine's)
+    # (2 tokens ahead of a random target, greedy matches ~6%: acceptance is test_engine's)
+    assert spec.tokens == alone.tokens
 
 
 @pytest.mark.default_target
@@ -94,8 +96,10 @@ def test_medusa_command_end_to_end(tmp_path, tiny_local_conf):
     assert "teacher_top_k=64 unused; feature_cache=true caches them" in out.stdout  # a live target pass per step
     heads = run_dir / "student"
     assert json.loads((heads / "medusa_head.json").read_text())["n_heads"] == 3
-    assert json.loads((run_dir / "result.json").read_text())["parameters"] < 100_000  # the heads alone (the target has 3.2M)
+    # the heads alone (the target has 3.2M)
+    assert json.loads((run_dir / "result.json").read_text())["parameters"] < 100_000
     # a chain, K chosen per round up to its 3 heads (profiled no further); trees: test_engine, test_exactness
-    study = run_smoke_study(*tiny, "draft=medusa", f"draft.head={heads}", "draft.k_max=3", f"hydra.run.dir={tmp_path / 'study'}")
+    study = run_smoke_study(*tiny, "draft=medusa", f"draft.head={heads}", "draft.k_max=3",
+                            f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]
     assert json.loads((tmp_path / "study" / "summary.json").read_text())["greedy_match"] == 1.0

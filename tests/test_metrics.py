@@ -40,7 +40,8 @@ def test_summary_of_a_hand_made_run():
     rounds = pd.DataFrame({
         "mode": ["spec", "spec", "spec", "ar", "ar", "ar", "ar", "ar", "ar"],
         "batch": 0, "prompt_id": "p", "category": "c", "round": [0, 1, 2, 0, 1, 2, 3, 4, 5],
-        "k": [2, 2, 2, 0, 0, 0, 0, 0, 0], "k_chosen": [2, 2, 2, 0, 0, 0, 0, 0, 0], "k_round": [2, 2, 2, 0, 0, 0, 0, 0, 0],
+        "k": [2, 2, 2, 0, 0, 0, 0, 0, 0], "k_chosen": [2, 2, 2, 0, 0, 0, 0, 0, 0],
+        "k_round": [2, 2, 2, 0, 0, 0, 0, 0, 0],
         "proposed": [2, 2, 2, 0, 0, 0, 0, 0, 0], "accepted": [2, 0, 1, 0, 0, 0, 0, 0, 0],
         "emitted": [3, 1, 2, 1, 1, 1, 1, 1, 1],
         "draft_s": [0.01] * 3 + [0.0] * 6, "reencode_s": 0.0, "target_s": [0.2] * 3 + [0.1] * 6, "verify_s": [0.01] * 9,

@@ -55,7 +55,8 @@ def test_a_kept_loads_fused_projections_are_made_once_and_a_written_weight_is_fu
     assert attention.k_proj.weight.data_ptr() == fused[0][attention.q_proj.out_features:].data_ptr()  # views of it
     torch.testing.assert_close(LeanDecoder(loads[1])(ids, logits_to_keep=1).logits[:, -1], expected, rtol=0, atol=1e-12)
     with torch.no_grad():
-        loads[2].model.layers[0].self_attn.q_proj.weight.mul_(2.0)  # the kept tensor itself: every load's weights change
+        # the kept tensor itself: every load's weights change
+        loads[2].model.layers[0].self_attn.q_proj.weight.mul_(2.0)
     written = LeanDecoder(loads[2]).layers[0].qkv.weight
     assert written.data_ptr() != fused[0].data_ptr()
     assert torch.equal(written[: attention.q_proj.out_features], loads[2].model.layers[0].self_attn.q_proj.weight)
@@ -67,7 +68,8 @@ def test_a_kept_loads_int8_draft_weights_are_made_once(tmp_path):
     from specexp.drafts.parts.quantize import quantize_linears
 
     tiny_model(0).model.float().save_pretrained(tmp_path / "m")
-    jobs = [quantize_linears(load_model(str(tmp_path / "m"), dtype="float32", device="cpu").model, "int8") for _ in range(2)]
+    jobs = [quantize_linears(load_model(str(tmp_path / "m"), dtype="float32", device="cpu").model, "int8")
+            for _ in range(2)]
     private = quantize_linears(tiny_model(0).model.float(), "int8")
     assert jobs[0].lm_head is not jobs[1].lm_head and jobs[0].lm_head.weight is jobs[1].lm_head.weight
     assert jobs[0].lm_head.weight.data_ptr() != private.lm_head.weight.data_ptr()
@@ -183,8 +185,8 @@ def test_preparing_studies_leaves_the_kept_weights_as_loaded():
     for draft in (["draft=target_prefix", "draft.quantize=int8"], ["draft=early_exit"], ["draft=eagle"],
                   ["draft=distilled", "draft.quantize=int8"]):
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose("config", overrides=[*draft, "size=smoke", "data.limit=1", "draft.k=2", "profile.enabled=false",
-                                               "dtype=float32", "device=cpu"])
+            cfg = compose("config", overrides=[*draft, "size=smoke", "data.limit=1", "draft.k=2",
+                                               "profile.enabled=false", "dtype=float32", "device=cpu"])
         prepare(cfg)
     assert digests() == before
     for layer in kept.model.layers:  # and the fused projections the jobs shared still hold the kept weights

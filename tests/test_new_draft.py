@@ -81,8 +81,8 @@ def toy(tmp_path_factory):
     return root / "py", root / "conf"
 
 
-def test_a_toy_draft_is_registered_refuses_its_bad_option_and_passes_the_exactness_grid(toy, pair, tmp_path,  # noqa: F811
-                                                                                      monkeypatch):
+def test_a_toy_draft_is_registered_refuses_its_bad_option_and_passes_the_exactness_grid(toy, pair,  # noqa: F811
+                                                                                        tmp_path, monkeypatch):
     from specexp.drafts.registry import draft_cards
 
     code, conf = toy

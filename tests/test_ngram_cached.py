@@ -46,7 +46,8 @@ def test_a_corpus_draft_is_built_once_per_target_and_corpus(default_target, tmp_
 
     # Four threads ask at once: one builds the corpus, each kind is built once, all get the same file.
     paths = []
-    threads = [threading.Thread(target=lambda: paths.append(cached.cached_lm(default_target, 3, corpus))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: paths.append(cached.cached_lm(default_target, 3, corpus)))
+               for _ in range(3)]
     threads.append(threading.Thread(target=lambda: paths.append(cached.cached_datastore(default_target, corpus))))
     for t in threads:
         t.start()
@@ -79,8 +80,8 @@ def test_the_vocabulary_hash_is_kept_per_tokenizer_until_it_gains_tokens(default
 # The default corpus: the target writes 48 conversations (~3 min on a 2-core CPU, once per cache) on
 # top of Shakespeare; CI builds the same corpus config cut to 4 short conversations and Shakespeare's
 # first 2,000 paragraphs (the same code; the whole of Shakespeare is a 130 MB order-5 LM, ~14 s to build).
-SMALL_SELF_WRITTEN = ("draft.corpus.prompt_limit=4", "draft.corpus.prompt_tokens=16", "draft.corpus.generation_tokens=24",
-                      "draft.corpus.max_documents=2000")
+SMALL_SELF_WRITTEN = ("draft.corpus.prompt_limit=4", "draft.corpus.prompt_tokens=16",
+                      "draft.corpus.generation_tokens=24", "draft.corpus.max_documents=2000")
 
 
 @pytest.mark.default_target
@@ -156,7 +157,8 @@ def test_every_draft_config_names_itself_and_the_study_reports_that_name():
 
 
 def test_a_missing_required_value_ends_in_one_line_and_exit_2(tmp_path):
-    cases = ((["draft=small_lm"], "draft.model"), (["target=hf"], "target.name_or_path"), (["data=hf"], "data.name_or_path"))
+    cases = ((["draft=small_lm"], "draft.model"), (["target=hf"], "target.name_or_path"),
+             (["data=hf"], "data.name_or_path"))
     runs = run_each({key: ("specexp", [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]) for overrides, key in cases})
     for overrides, key in cases:
         out = runs[key]
@@ -172,7 +174,8 @@ def tiny(tmp_path_factory):
     return target, build_ngram_files(target, tmp_path_factory.mktemp("ngram_bad"))
 
 
-# Per draft option: a value that cannot be met, and what the one-line error must say (each YAML's card.tests.bad_options).
+# Per draft option: a value that cannot be met, and what the one-line error must say
+# (each YAML's card.tests.bad_options).
 BAD_DRAFT_OPTIONS = [(name, dict(case["set"]), case["error"]) for name, card in draft_cards().items()
                      for case in card.bad_options]
 

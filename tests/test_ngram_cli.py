@@ -33,7 +33,8 @@ def test_build_then_decode_with_each_ngram_draft(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         assert f"wrote {tmp_path / name}" in out.stdout
     # the LM priced (a fresh file: its own quick profile), the datastore at a fixed K, unpriced
-    for draft, path, pricing in (("ngram_lm", "lm.npz", []), ("retrieval", "store.npz", ["draft.k=2", "profile.enabled=false"])):
+    for draft, path, pricing in (("ngram_lm", "lm.npz", []),
+                                 ("retrieval", "store.npz", ["draft.k=2", "profile.enabled=false"])):
         run_dir = tmp_path / f"run_{draft}"
         out = run_module("specexp", f"draft={draft}", f"draft.path={tmp_path / path}", *pricing, "size=smoke",
                          "data.limit=1", "max_new_tokens=8", f"hydra.run.dir={run_dir}")

@@ -35,7 +35,8 @@ SMOKE_SWEEPS = {  # the notebook's study at smoke size, cut to what the notebook
     "batch_sweep": ["experiment=batch_sweep", "size=smoke", "batch_size=1,2", "draft.k=4", "profile.enabled=false"],
     "prompt_sets": ["experiment=prompt_sets", "size=smoke", "draft=prompt_lookup"],
 }
-SHARED_SWEEPS = {  # sweeps other tests check too, made once per test run (tests/conftest.py); their tests share a worker
+# sweeps other tests check too, made once per test run (tests/conftest.py); their tests share a worker
+SHARED_SWEEPS = {
     "k_sweep": "smoke_k_sweep", "tree_sweep": "smoke_tree_sweep", "pairing": "smoke_pairing_sweep",
     # five of the experiment's six drafts on MT-bench at K = 1, 2, auto: its own smoke run (cut to
     # MT-bench and a draft of each kind) repeated three of these jobs under another name
@@ -54,8 +55,9 @@ def kernel():
 
 def execute_fresh(notebook: nbformat.NotebookNode, kernel: KernelManager, env: dict[str, str | None]) -> None:
     """Runs the notebook top to bottom in the kernel as if it were new to it (imported modules stay)."""
-    setup = ["%reset -f", "import os", *(f"os.environ[{k!r}] = {v!r}" if v is not None else f"os.environ.pop({k!r}, None)"
-                                         for k, v in env.items()), f"os.chdir({str(REPO / 'analysis')!r})", "del os"]
+    setup = ["%reset -f", "import os", *(f"os.environ[{k!r}] = {v!r}" if v is not None
+                                         else f"os.environ.pop({k!r}, None)" for k, v in env.items()),
+             f"os.chdir({str(REPO / 'analysis')!r})", "del os"]
     notebook.cells.insert(0, nbformat.v4.new_code_cell("\n".join(setup)))
     NotebookClient(notebook, km=kernel, timeout=600).execute()
 
@@ -70,10 +72,12 @@ def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, kernel, request):
         sweep, out = request.getfixturevalue(SHARED_SWEEPS[name])
         assert out.returncode == 0, out.stderr[-3000:]
     if name == "pairing":
-        run("specexp.figures", str(sweep), "--out", str(tmp_path / "command_figures"))  # the command draws the matrix too
+        # the command draws the matrix too
+        run("specexp.figures", str(sweep), "--out", str(tmp_path / "command_figures"))
         assert (tmp_path / "command_figures" / "pairing_matrix.pdf").exists()
     elif name == "distill_ablation":
-        run("specexp.distill", "experiment=distill_ablation", f"hydra.sweep.dir={sweep}", f"data.cache_dir={tmp_path}/cache",
+        run("specexp.distill", "experiment=distill_ablation", f"hydra.sweep.dir={sweep}",
+            f"data.cache_dir={tmp_path}/cache",
             "data.corpus.prompt_limit=4", "data.corpus.prompt_tokens=12", "data.corpus.generation_tokens=16",
             "data.block_size=32", "draft_vocab_size=512", "trainer.max_steps=4", "trainer.val_check_interval=2",
             "objective=forward_kl,tvd", "on_policy.ratio=0.0", "student=tiny")

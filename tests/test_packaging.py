@@ -32,15 +32,18 @@ def test_a_wheel_install_composes_and_runs_a_user_experiment_from_another_folder
     assert build.returncode == 0, build.stderr[-3000:]
     wheel = next(wheels.glob("specexp-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"specexp/conf/config.yaml", "specexp/conf/experiment/aa_control.yaml", "specexp/conf/draft/none.yaml"} <= set(names)
-    install = run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site), str(wheel)])
+    assert {"specexp/conf/config.yaml", "specexp/conf/experiment/aa_control.yaml",
+            "specexp/conf/draft/none.yaml"} <= set(names)
+    install = run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site),
+                   str(wheel)])
     assert install.returncode == 0, install.stderr[-3000:]
 
     (user_conf / "experiment").mkdir(parents=True)
     (user_conf / "experiment" / "mine.yaml").write_text(USER_EXPERIMENT)
     elsewhere.mkdir()
     env = {**os.environ, **OFFLINE_WANDB, "PYTHONPATH": str(site)}  # the installed copy, not the checkout
-    where = run([sys.executable, "-c", "import specexp.paths; print(specexp.paths.__file__); print(specexp.paths.CONFIG_DIR)"],
+    where = run([sys.executable, "-c",
+                 "import specexp.paths; print(specexp.paths.__file__); print(specexp.paths.CONFIG_DIR)"],
                 cwd=elsewhere, env=env)
     module_file, config_dir = where.stdout.split()
     assert module_file.startswith(str(site)) and config_dir == str(site / "specexp" / "conf")

@@ -77,7 +77,8 @@ BAD_PAIRING_INPUT = {
 def bad_pairing_runs(tmp_path_factory) -> dict:
     """Each BAD_PAIRING_INPUT command in one interpreter: case -> (its --out folder, CompletedProcess)."""
     folder = tmp_path_factory.mktemp("bad_pairing")
-    calls = {case: ("specexp.pairing", ["--out", str(folder / case), *args]) for case, (args, _) in BAD_PAIRING_INPUT.items()}
+    calls = {case: ("specexp.pairing", ["--out", str(folder / case), *args])
+             for case, (args, _) in BAD_PAIRING_INPUT.items()}
     return {case: (folder / case, out) for case, out in run_each(calls).items()}
 
 

@@ -102,7 +102,8 @@ def test_bad_caps_are_refused(target, caps):
         PromptLookupDrafter(target, k=4, max_n=3, max_tokens_after_match=caps)
 
 
-def brute_force_continuations(seq: list[int], max_n: int, min_n: int, k: int, branches: int) -> list[tuple[int, list[int]]]:
+def brute_force_continuations(seq: list[int], max_n: int, min_n: int, k: int,
+                              branches: int) -> list[tuple[int, list[int]]]:
     """choice="first": every earlier window's continuation, longest n first, earliest first, distinct."""
     found: list[tuple[int, list[int]]] = []
     L = len(seq)

@@ -62,7 +62,8 @@ def test_auto_quantizes_the_shapes_this_machine_measured_faster_in_int8(tmp_path
     from specexp.runtime import matmul
 
     monkeypatch.setenv("SPECEXP_CACHE", str(tmp_path))
-    monkeypatch.setattr(matmul, "time_formulations", lambda w, m, repeats=7, copies=None: dict.fromkeys(matmul.FORMULATIONS, 1.0))
+    monkeypatch.setattr(matmul, "time_formulations",
+                        lambda w, m, repeats=7, copies=None: dict.fromkeys(matmul.FORMULATIONS, 1.0))
     monkeypatch.setattr(matmul, "time_int8", lambda w, m, repeats=7: 0.5 if w.shape[0] == 64 else 2.0)
     model = tiny_model(3, layers=1, hidden=32).model.float()  # lm_head [64 x 32]; the layer's [32 x 32], [64 x 32], ...
     quantized = quantize_linears(model, "auto")

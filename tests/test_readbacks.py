@@ -87,7 +87,8 @@ def test_drafts_that_read_more_keep_to_their_stated_bound(lean_target, target, o
     drafter = make_drafter(kind, target, other_draft, K, ngram_files)
     per, where = readbacks_per_round(lean_target, prompts, drafter, SAMPLINGS["greedy"], auto=False)
     bound = 1 + (2 * len(prompts) * K if kind in RETRIEVAL else EXTRA[kind])
-    assert per <= bound, f"{kind}: a round read the device back {per} times, more than its bound {bound}; where: {where}"
+    assert per <= bound, (f"{kind}: a round read the device back {per} times, more than its bound {bound}; "
+                          f"where: {where}")
 
 
 def test_an_ar_round_and_the_oracles_read_the_device_back_once(lean_target, target, prompts):

@@ -30,7 +30,8 @@ REPLAYED_KINDS = ["disagree", "prompt_lookup", "retrieval+context", "small_lm_co
                   "medusa"]
 
 
-@pytest.mark.parametrize(("kind", "k"), [*((kind, 3) for kind in REPLAYED_KINDS), ("disagree", 1), ("prompt_lookup", 1)])
+@pytest.mark.parametrize(("kind", "k"), [*((kind, 3) for kind in REPLAYED_KINDS), ("disagree", 1),
+                                         ("prompt_lookup", 1)])
 def test_greedy_replay_is_the_studys_own_rounds(target, other_draft, ngram_files, prompts, kind, k):
     """The prompts (of three lengths) replayed in one ragged batch: the rounds each prompt's study has."""
     references, measured_depth, measured_accepted = [], [], []
@@ -60,7 +61,8 @@ def test_sampled_first_position_acceptance_matches_the_engines(sharp_target):
     sampling = SamplingConfig(temperature=1.0)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, target.vocab_size, (6,), generator=g).tolist() for _ in range(40)]
-    references = [generate(target.model, [prompt], None, sampling, 17, NO_EOS, torch.Generator().manual_seed(i)).tokens[0]
+    references = [generate(target.model, [prompt], None, sampling, 17, NO_EOS,
+                           torch.Generator().manual_seed(i)).tokens[0]
                   for i, prompt in enumerate(prompts)]
     probs = [teacher_forced(target.model, prompt, reference, sampling, ())[0]
              for prompt, reference in zip(prompts, references, strict=True)]
@@ -97,7 +99,8 @@ def test_a_small_lms_teacher_forced_q_is_its_one_token_proposals_along_the_refer
     sampling = SamplingConfig(temperature=0.8, top_k=20)
     other = noisy_copy(sharp_target, noise=0.6, seed=5)
     prompts = [[3 + i, 7, 11 + i][: 2 + i % 2] for i in range(4)]
-    references = [generate(sharp_target.model, [p], None, sampling, 12 + i, NO_EOS, torch.Generator().manual_seed(i)).tokens[0]
+    references = [generate(sharp_target.model, [p], None, sampling, 12 + i, NO_EOS,
+                           torch.Generator().manual_seed(i)).tokens[0]
                   for i, p in enumerate(prompts)]
     drafter = SmallLMDrafter(sharp_target, other, k=3, min_confidence=min_confidence)
     stepped = draft_along(drafter, prompts, references, [None] * 4, sampling, torch.Generator().manual_seed(0), CPU)
@@ -169,7 +172,8 @@ def test_the_sampled_replay_predicts_the_engines_acceptance_at_every_depth(sharp
     prompt_m = row_m % len(prompts)
     for i in range(k):
         predicted, measured = took_r[:, i].sum() / reached_r[:, i].sum(), took_m[:, i].sum() / reached_m[:, i].sum()
-        se = np.hypot(ratio_se(took_r[:, i], reached_r[:, i], prompt_r), ratio_se(took_m[:, i], reached_m[:, i], prompt_m))
+        se = np.hypot(ratio_se(took_r[:, i], reached_r[:, i], prompt_r),
+                      ratio_se(took_m[:, i], reached_m[:, i], prompt_m))
         assert reached_m[:, i].sum() > 100, f"depth {i + 1} reached too rarely to test"
         assert abs(predicted - measured) < 5 * se, (i + 1, predicted, measured, se)
 

@@ -12,8 +12,9 @@ from torch import nn
 
 from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
-from specexp.runtime import HFRuntime, LeanRuntime, draft_models, matmul, round_rows
+from specexp.runtime import HFRuntime, draft_models, lean, matmul, round_rows
 from specexp.runtime.decoder import lean_decoder
+from specexp.runtime.lean import LeanRuntime
 from specexp.runtime.matmul import FORMULATIONS, MatmulPlans, apply_plan, linear_modules, plan_linear, shape_key
 from tests.commands import run_specexp
 from tests.conftest import tiny_model
@@ -47,7 +48,8 @@ def test_a_run_plans_the_passes_a_profile_times_only_where_it_may_measure_one():
     def settings(enabled, path=None):
         return OmegaConf.create({"batch_size": 2, "profile": {"enabled": enabled, "path": path}})
 
-    assert planned_rows(settings(False), 4) == planned_rows(settings(True, "given.json"), 4) == [1, 2, 3, 4, 5, 6, 8, 10]
+    assert (planned_rows(settings(False), 4) == planned_rows(settings(True, "given.json"), 4)
+            == [1, 2, 3, 4, 5, 6, 8, 10])
     assert planned_rows(settings(True), 4) == round_rows(2, 8)  # T(n) up to n = 9 (PROFILED_K = 8)
 
 
@@ -58,7 +60,8 @@ def test_a_planned_target_decodes_exactly_as_before(name, prompts):
     target = tiny_model(0, layers=2)
     alone = generate(target.model, prompts, None, SamplingConfig(), 16, [10**6], torch.Generator().manual_seed(0))
     planned, other = tiny_model(0, layers=2), tiny_model(1, layers=1)
-    drafters = [None, make_drafter("disagree", planned, other, 3, {}), make_drafter("early_exit_shared", planned, other, 2, {}),
+    drafters = [None, make_drafter("disagree", planned, other, 3, {}),
+                make_drafter("early_exit_shared", planned, other, 2, {}),
                 make_drafter("target_prefix", planned, other, 2, {})]
     weights = {id(m.weight) for m in linear_modules(planned.model)}
     for drafter in drafters:  # in place, after the drafts were built: their references see the plan
@@ -66,7 +69,8 @@ def test_a_planned_target_decodes_exactly_as_before(name, prompts):
             plan_linear(module, dict.fromkeys(range(1, 65), name))
     assert {id(m.weight) for m in linear_modules(planned.model)} == weights
     assert all(m.matmul_plan[1] == name for m in linear_modules(planned.model))
-    assert [len(draft_models(d)) for d in drafters] == [0, 1, 1, 1]  # a small LM; the exit head (made of the target's modules)
+    # a small LM; the exit head (made of the target's modules)
+    assert [len(draft_models(d)) for d in drafters] == [0, 1, 1, 1]
     for drafter in drafters:
         out = generate(planned.model, prompts, drafter, SamplingConfig(), 16, [10**6], torch.Generator().manual_seed(0))
         assert out.tokens == alone.tokens
@@ -148,7 +152,6 @@ def test_the_lean_runtime_runs_the_target_through_its_planned_decoder(tmp_path, 
 
 
 def test_fuse_projections_auto_keeps_what_the_timed_pass_prefers(tmp_path, monkeypatch, prompts):
-    import specexp.runtime as runtime
     from specexp.errors import UserInputError
     from specexp.models import LoadedModel
 
@@ -163,19 +166,20 @@ def test_fuse_projections_auto_keeps_what_the_timed_pass_prefers(tmp_path, monke
             now[0] += fused_cost if decoder.layers[0].qkv is not None else 2.0
             return now[0]
 
-        assert runtime.fusion_pays(decoder, [1, 2], clock=clock) is pays  # it follows the timings of both states
+        assert lean.fusion_pays(decoder, [1, 2], clock=clock) is pays  # it follows the timings of both states
         assert decoder.layers[0].qkv is not None  # and the fused state is back
-    monkeypatch.setattr(runtime, "fusion_pays", lambda decoder, rows: False)
+    monkeypatch.setattr(lean, "fusion_pays", lambda decoder, rows: False)
     prepared = LeanRuntime().prepare(target, None, [1, 2])
     assert not prepared.record["fuse_projections"] and prepared.record["fuse_setting"] == "auto"
     assert all(w.qkv is None and w.gate_up is None for w in prepared.forward.layers)
     out = generate(prepared.forward, prompts, None, SamplingConfig(), 12, [10**6], torch.Generator().manual_seed(0))
     assert out.tokens == reference.tokens
     # measured once per machine: a second run reads the answer from the plan file
-    monkeypatch.setattr(runtime, "fusion_pays", lambda decoder, rows: pytest.fail("measured again"))
+    monkeypatch.setattr(lean, "fusion_pays", lambda decoder, rows: pytest.fail("measured again"))
     again = LeanRuntime().prepare(LoadedModel(tiny_model(1, layers=2).model.float(), None, "tiny-1"), None, [1, 2])
     assert not again.record["fuse_projections"]
-    with pytest.raises(UserInputError, match="runtime.fuse_projections=sometimes is not allowed; use true, false or auto"):
+    with pytest.raises(UserInputError,
+                       match="runtime.fuse_projections=sometimes is not allowed; use true, false or auto"):
         LeanRuntime(fuse_projections="sometimes")
 
 

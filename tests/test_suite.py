@@ -1,4 +1,5 @@
-"""The suite's own machinery: tests that share one expensive fixture run on one worker, and commands share one interpreter."""
+"""The suite's own machinery: tests that share one expensive fixture run on one worker, and commands share one
+interpreter."""
 
 import pytest
 

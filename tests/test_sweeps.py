@@ -38,7 +38,8 @@ def test_every_distill_experiment_composes(experiment):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("distill", overrides=[f"experiment={experiment}"], return_hydra_config=True)
     assert cfg.experiment_name == experiment
-    feature_head = experiment in ("distill_eagle", "distill_eagle3", "distill_medusa")  # one live pass gives features too
+    # one live pass gives features too
+    feature_head = experiment in ("distill_eagle", "distill_eagle3", "distill_medusa")
     assert cfg.draft_vocab_size == 8192 and cfg.teacher_top_k == (None if feature_head else 64)
     if feature_head:
         assert cfg.student._target_.startswith("specexp.distill.features.")
@@ -184,7 +185,8 @@ def test_failing_job_is_isolated_and_rerun_skips_finished_jobs(tmp_path):
     out = run_specexp(*args)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "[failed] data.limit=1,draft.k=-1" in out.stderr and "[done] data.limit=1,draft.k=2" in out.stdout
-    failed, ok = sweep / "data.limit=1,draft.k=-1,size=smoke", sweep / "data.limit=1,draft.k=2,size=smoke"  # sorted keys
+    # sorted keys
+    failed, ok = sweep / "data.limit=1,draft.k=-1,size=smoke", sweep / "data.limit=1,draft.k=2,size=smoke"
     assert "draft.k=-1 is not allowed" in json.loads((failed / "error.json").read_text())["error"]
     assert not (failed / "summary.json").exists()
     finished = (ok / "summary.json").stat().st_mtime_ns

@@ -124,7 +124,8 @@ def test_rows_of_a_batch_walk_their_own_trees():
     a = draw_tree(wide, wide_modes, p, q, g)
     b = draw_tree(deep, deep_modes, p, q, g)
     odd = (torch.arange(TRIALS) % 2 == 1)[:, None]
-    tokens, draft, target = (torch.where(odd if x.dim() == 2 else odd[..., None], y, x) for x, y in zip(a, b, strict=True))
+    tokens, draft, target = (torch.where(odd if x.dim() == 2 else odd[..., None], y, x)
+                             for x, y in zip(a, b, strict=True))
     parents = torch.where(odd, torch.tensor(deep), torch.tensor(wide))
     path, n_accepted, next_token = tree_verify(tokens, parents, draft, target, g)
     assert int(n_accepted[~odd[:, 0]].max()) == 2 and int(n_accepted[odd[:, 0]].max()) == 3

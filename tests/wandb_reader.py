@@ -39,7 +39,8 @@ def offline_run(run_dir: Path) -> dict:
         kind = record.WhichOneof("record_type")
         finished |= kind == "exit"  # written once the run's finish() has gone through
         if kind == "history":
-            history.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json) for item in record.history.item})
+            history.append({"/".join(item.nested_key) or item.key: json.loads(item.value_json)
+                            for item in record.history.item})
         elif kind == "summary":
             for item in record.summary.update:
                 summary["/".join(item.nested_key) or item.key] = json.loads(item.value_json)
