@@ -129,8 +129,8 @@ def study_draft(target: LoadedModel, forward, runtime_record: dict, name: str, p
     from hydra.utils import instantiate
 
     from specexp.costs.hardware_profile import PROFILED_K, draft_key, ensure_profile
-    from specexp.costs.k_choice import make_policy
     from specexp.drafts.build import resolve_draft_k
+    from specexp.k_policy import make_policy
     from specexp.paths import CONFIG_DIR
     from specexp.runtime import round_rows
 

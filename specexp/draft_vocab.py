@@ -55,7 +55,8 @@ def frequent_tokens(documents: Iterable[list[int]], n: int, always: Iterable[int
     must = sorted(set(always))
     ranked = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if t not in must]
     if n < len(must) + 1:
-        raise UserInputError(f"draft vocabulary size {n} is too small; it must exceed the {len(must)} ids it always keeps")
+        raise UserInputError(f"draft vocabulary size {n} is too small; "
+                             f"it must exceed the {len(must)} ids it always keeps")
     return sorted(must + ranked[: n - len(must)])
 
 
@@ -64,7 +65,8 @@ class DraftVocab:
 
     def __init__(self, target_ids: list[int], target_vocab_size: int, fingerprint: str | None = None):
         ids = torch.as_tensor(target_ids, dtype=torch.long)  # [N], draft id -> target id
-        if ids.numel() == 0 or ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= target_vocab_size:
+        if (ids.numel() == 0 or ids.unique().numel() != ids.numel() or int(ids.min()) < 0
+                or int(ids.max()) >= target_vocab_size):
             raise UserInputError(f"a draft vocabulary needs distinct target ids in [0, {target_vocab_size})")
         self.target_ids, self.target_vocab_size, self.fingerprint = ids, target_vocab_size, fingerprint
         self.size = ids.numel()  # N; the draft model has N + 1 outputs

@@ -85,7 +85,8 @@ def resolve_device(device: str) -> torch.device:
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):
-        raise UserInputError(f"device={device} is not a device torch knows; allowed here: {', '.join(available)}") from None
+        raise UserInputError(f"device={device} is not a device torch knows; "
+                             f"allowed here: {', '.join(available)}") from None
     if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
         raise UserInputError(f"device={device} is not available: torch {torch.__version__} sees "
                              f"{torch.cuda.device_count()} CUDA devices; allowed here: {', '.join(available)}")
@@ -316,7 +317,8 @@ def convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_converted(name: str, gguf: Callable[[], tuple[Path, str]], dtype: str, device: str, seconds: str) -> LoadedModel:
+def load_converted(name: str, gguf: Callable[[], tuple[Path, str]], dtype: str, device: str,
+                   seconds: str) -> LoadedModel:
     """A GGUF model converted once into the specexp cache (``gguf()``: its folder and file), then loaded."""
     folder = cache_root() / name
     folder.parent.mkdir(parents=True, exist_ok=True)

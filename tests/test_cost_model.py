@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from specexp.core.interface import Context, Proposal, RoundSeen
-from specexp.core.k_policy import HeuristicK, ModelK, expected_tokens
-from specexp.core.tree_policy import TreeK, slot_counts
+from specexp.core.metrics import slot_counts
 from specexp.costs import cost_model
 from specexp.costs.hardware_profile import Profile
 from specexp.errors import UserInputError
+from specexp.k_policy.heuristic import HeuristicK
+from specexp.k_policy.priced import PricedK, expected_tokens
+from specexp.k_policy.tree import PricedTreeK
 from specexp.study.summary import RunFacts, summarize
 from tests.commands import run_each, run_module
 
@@ -109,7 +111,7 @@ def test_model_k_drafts_long_when_passes_are_free_and_not_at_all_when_each_token
     def pass_seconds(length):  # K = 0..k_max -> T(K + 1) + bookkeeping
         return 0.02 * (1 + pass_cost * np.arange(k_max + 1)) + 0.001
 
-    policy = ModelK(pass_seconds, np.r_[0.0, np.full(k_max, 1e-4)], probe_every=10**9)
+    policy = PricedK(pass_seconds, np.r_[0.0, np.full(k_max, 1e-4)], probe_every=10**9)
     policy.begin(1, k_max, 64)
     proposal = Proposal(tokens=torch.zeros(1, k_max, dtype=torch.long), probs=torch.zeros(1, k_max, 4),
                         n_proposed=torch.tensor([k_max]))
@@ -122,7 +124,7 @@ def test_model_k_keeps_what_pays_of_a_free_drafts_proposal_by_group():
     """Prompt lookup: after a long match (group 3) its tokens are accepted, after a 1-token match
     (group 1) never; a pass costs 1.5x per extra token: keep group 3's proposal, cut group 1's."""
     k_max = 4
-    policy = ModelK(lambda length: 0.02 * (1 + 0.5 * np.arange(k_max + 1)), np.zeros(k_max + 1), free_groups=4,
+    policy = PricedK(lambda length: 0.02 * (1 + 0.5 * np.arange(k_max + 1)), np.zeros(k_max + 1), free_groups=4,
                     probe_every=10**9)
     policy.begin(1, k_max, 64)
     full = Proposal(tokens=torch.zeros(1, k_max, dtype=torch.long), probs=torch.zeros(1, k_max, 4),
@@ -148,7 +150,7 @@ def test_model_k_starts_from_the_drafts_profiled_acceptance(profile_alpha, expec
     step a round is not asked even as a probe where a pass costs 40% more per token; one accepted
     95% drafts at once."""
     reached = np.array([400.0, 120, 36, 11])
-    policy = ModelK(batch16_prices, np.r_[0.0, np.full(4, 5e-3)], prior_counts=(profile_alpha * reached, reached))
+    policy = PricedK(batch16_prices, np.r_[0.0, np.full(4, 5e-3)], prior_counts=(profile_alpha * reached, reached))
     policy.begin(16, 4, 64)
     chosen = [policy.choose(context(16)) for _ in range(24)]  # three probe turns, nothing observed
     assert set(chosen) == {expected_k}
@@ -158,7 +160,7 @@ def test_model_k_prices_a_drafts_fill_until_its_first_proposal():
     """A draft whose first proposal of a batch costs a 1 s fill (a model draft's prompt pass) is not
     worth asking with 8 tokens left; with 4096 left, or once it has proposed, it is."""
     reached = np.array([100.0, 50, 25, 12])
-    policy = ModelK(batch16_prices, np.r_[0.0, np.full(4, 1e-3)], prior_counts=(0.9 * reached, reached),
+    policy = PricedK(batch16_prices, np.r_[0.0, np.full(4, 1e-3)], prior_counts=(0.9 * reached, reached),
                     fill_seconds=1.0, probe_every=10**9)
     policy.begin(1, 4, max_new_tokens=9)
     assert policy.choose(context(1)) == 0
@@ -173,7 +175,7 @@ def test_model_k_prices_a_drafts_fill_until_its_first_proposal():
 def test_model_k_does_not_ask_a_free_draft_that_cannot_pay():
     """Prompt lookup whose proposals are never accepted, at batch 16 where each verified token costs
     40% of a step: once that is clear the lookup is not run at all (K = 0), not run and then cut."""
-    policy = ModelK(batch16_prices, np.r_[0.0, np.full(4, 2e-3)], free_groups=3, probe_every=10**9)
+    policy = PricedK(batch16_prices, np.r_[0.0, np.full(4, 2e-3)], free_groups=3, probe_every=10**9)
     policy.begin(16, 4, 64)
     assert policy.choose(context(16)) == 4  # the prior (0.3, weak) leaves room for a long match to pay
     full = Proposal(tokens=torch.zeros(16, 4, dtype=torch.long), probs=torch.zeros(16, 4, 4),
@@ -251,8 +253,8 @@ def test_a_draft_that_keeps_declining_is_priced_once_per_probe_round():
     k_max = 8
     seconds = 0.025 * (1 + 0.05 * np.arange(k_max + 1))
 
-    def policy_and_pricings(accepted_of_20: float) -> tuple[ModelK, list[int]]:
-        policy = ModelK(lambda context: seconds, 0.004 * np.arange(k_max + 1), fill_seconds=0.01,
+    def policy_and_pricings(accepted_of_20: float) -> tuple[PricedK, list[int]]:
+        policy = PricedK(lambda context: seconds, 0.004 * np.arange(k_max + 1), fill_seconds=0.01,
                         prior_counts=(np.full(k_max, accepted_of_20), np.full(k_max, 20.0)))
         priced, best = [], policy._best
         policy._best = lambda *args: priced.append(policy.rounds + 1) or best(*args)
@@ -358,7 +360,8 @@ def test_profile_command_measures_prints_and_writes_a_profile_a_study_can_price_
 
 
 BAD_K_SETTINGS = {
-    "draft.k=sometimes": "draft.k=sometimes is not allowed; give an integer >= 1, or one of: auto, heuristic",
+    "draft.k=sometimes": "draft.k=sometimes is not allowed; give an integer >= 1 (0: never propose, the A/A control), "
+                         "or one of: auto, heuristic",
     "draft.k_max=0": "draft.k_max=0 is not allowed",
     "profile.path=/nonexistent.json": "profile.path='/nonexistent.json' is not a file",
     "profile.draft_ks=[0,2]": "profile.draft_ks=[0, 2] is not allowed; give K >= 1, or null for every K",
@@ -407,7 +410,7 @@ def test_tree_k_takes_the_budget_whose_slots_pay_for_their_pass(slot_rates, expe
     0.05: two nodes (2.0 / 1.41 beats 1.6 / 1.21 and 2.05 / 1.61); rates 0.9..0.6: all four; 0.05
     each: no draft (1.05 / 1.21 < 1)."""
     k_max = 4
-    policy = TreeK(lambda length: 0.02 * (1 + 0.2 * np.arange(k_max + 1)), np.r_[0.0, np.full(k_max, 2e-4)],
+    policy = PricedTreeK(lambda length: 0.02 * (1 + 0.2 * np.arange(k_max + 1)), np.r_[0.0, np.full(k_max, 2e-4)],
                    probe_every=10**9)
     policy.begin(1, k_max, 64)
     rng = np.random.default_rng(0)
@@ -426,7 +429,7 @@ def test_tree_k_starts_from_the_profiles_slot_rates_and_probes_one_node_more():
     """Profiled slot rates 0.6, 0.4 (100 decodes each), 0.05 (seen in 4): two nodes pay; every 4th
     round a third, whose rate two standard errors up (0.29) would."""
     reached = np.array([100.0, 100, 4, 4])
-    policy = TreeK(lambda length: 0.02 * (1 + 0.2 * np.arange(k_max + 1)), np.zeros(k_max + 1),
+    policy = PricedTreeK(lambda length: 0.02 * (1 + 0.2 * np.arange(k_max + 1)), np.zeros(k_max + 1),
                    prior_counts=(np.array([0.6, 0.4, 0.05, 0.05]) * reached, reached), probe_every=4)
     policy.begin(1, k_max, 64)
     chosen = [policy.choose(context(1)) for _ in range(8)]
@@ -436,7 +439,7 @@ def test_tree_k_starts_from_the_profiles_slot_rates_and_probes_one_node_more():
 @pytest.mark.default_target
 def test_a_dynamic_tree_at_tree_auto_runs_from_the_cli_with_profiled_slot_rates(tmp_path):
     """draft.tree=auto (draft.k=auto with draft.branches > 1): the node budget chosen each round
-    (TreeK), priced by the tree draft's own profile entry (its cost at every budget and its slot
+    (PricedTreeK), priced by the tree draft's own profile entry (its cost at every budget and its slot
     rates); exact."""
     out = run_module("specexp", "size=smoke", "draft=distilled", "draft.branches=2", "draft.k=3", "draft.tree=auto",
                      f"hydra.run.dir={tmp_path / 'run'}")
@@ -453,8 +456,8 @@ def test_draft_k_heuristic_builds_the_draft_for_k_max_under_hf_schedule(target):
     round's K with no profile (its schedule is test_engine's heuristic test)."""
     from hydra import compose, initialize_config_dir
 
-    from specexp.costs.k_choice import make_policy
     from specexp.drafts.build import build_draft
+    from specexp.k_policy import make_policy
     from specexp.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

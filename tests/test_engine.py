@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from specexp.core.engine import generate
-from specexp.core.k_policy import HeuristicK
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.early_exit import early_exit_drafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
+from specexp.k_policy.heuristic import HeuristicK
 from tests.conftest import tiny_model
 from tests.drafters import DRAFT_KINDS, ScriptedK, confidence_quantile, make_drafter
 

@@ -56,14 +56,17 @@ def test_models_data_and_runtime_need_no_draft_strategy(module, loaded_specexp_m
 
 # specexp's packages and top-level modules, lowest first: each imports only from its own layer or below.
 LAYERS = [
-    {"errors", "output", "cli"},  # leaves: one-line errors, whole-file writes and tables, the commands' helpers
+    # leaves: one-line errors, whole-file writes and tables, where configs and the cache are, the commands' helpers,
+    # composing a command's configs
+    {"errors", "output", "paths", "cli", "configs"},
     {"core"},  # the rule, sampling, the KV cache, the round loop, the draft contract, the metrics
     {"draft_vocab"},
     {"models", "data"},  # loading targets, drafts' weights and prompt sets
     {"runtime"},  # how a model's step runs
     {"ngram"},  # the corpus drafts' data structures
     {"drafts"},  # the draft strategies
-    {"costs"},  # the hardware profile, the cost model, draft.k's policies
+    {"costs"},  # the hardware profile and the cost model
+    {"k_policy"},  # draft.k's policies: how many tokens each round drafts
     {"study", "distill"},  # one run of a study; training drafts
     {"reporting"},  # collecting, tables, figures, re-pricing, the dashboard
     {"__main__", "profile", "collect", "figures", "predict", "dashboard", "pairing", "export"},  # the commands

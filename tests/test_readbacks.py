@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from specexp.core.engine import generate
-from specexp.core.k_policy import ModelK
 from specexp.core.readbacks import ReadbackCounter, read_back
 from specexp.core.sampling import SamplingConfig
-from specexp.core.tree_policy import TreeK
 from specexp.drafts.oracle import OracleDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
+from specexp.k_policy.priced import PricedK
+from specexp.k_policy.tree import PricedTreeK
 from specexp.models import LoadedModel
 from specexp.runtime.decoder import lean_decoder
 from specexp.study.references import greedy_continuations
@@ -55,8 +55,8 @@ def priced(drafter, k: int):
     seconds = 0.01 * (1 + 0.05 * np.arange(k + 1))
     draft_seconds = np.r_[0.0, np.full(k, 1e-4)]
     if drafter.traits.grows_trees:
-        return TreeK(lambda context: seconds, draft_seconds)
-    return ModelK(lambda context: seconds, draft_seconds, free_groups=drafter.traits.proposal_groups)
+        return PricedTreeK(lambda context: seconds, draft_seconds)
+    return PricedK(lambda context: seconds, draft_seconds, free_groups=drafter.traits.proposal_groups)
 
 
 def readbacks_per_round(forward, prompts, drafter, sampling: SamplingConfig, auto: bool) -> tuple[int, dict]:

@@ -39,7 +39,8 @@ class GenerationOutput:
     paths: list[torch.Tensor] = field(default_factory=list)  # [R] of [B, D_r]: the accepted nodes, -1 after
     group: torch.Tensor | None = None  # [R, B] long: the proposal's group (prompt lookup: its match length; else 0)
     k_chosen: list[int] = field(default_factory=list)  # [R] K asked of the draft (0: no draft that round)
-    context: list[int] = field(default_factory=list)  # [R] committed tokens of the longest row (what the pass attends to)
+    # [R] committed tokens of the longest row (what the pass attends to)
+    context: list[int] = field(default_factory=list)
     # [R] seconds of each round's phases (on a GPU from CUDA events, read once the decode has ended)
     draft_s: list[float] = field(default_factory=list)  # proposing (and choosing K)
     reencode_s: list[float] = field(default_factory=list)  # of draft_s: re-encoding text (Proposal.reencode_s)
@@ -152,7 +153,8 @@ def prompt_pass(target: Callable, prompts: list[list[int]], sampling: SamplingCo
     # Committed tokens; K+1 slots of slack past max_new_tokens take each round's scratch writes.
     buf = torch.full((B, P + max_new_tokens + k_max + 1), pad_token_id, dtype=torch.long, device=device)
     buf[:, :P] = prompt_ids
-    ctx = Context(tokens=buf, start=P - prompt_mask.sum(1), lengths=torch.full((B,), P, dtype=torch.long, device=device),
+    ctx = Context(tokens=buf, start=P - prompt_mask.sum(1),
+                  lengths=torch.full((B,), P, dtype=torch.long, device=device),
                   done=torch.zeros(B, dtype=torch.bool, device=device))
     kv = new_ragged_kv(target, B, device, capacity=buf.shape[1])
     if hidden_layers:
@@ -195,7 +197,8 @@ def target_pass(target: Callable, drafter: Drafter | None, state: Decoding, prop
     and, for a feature draft, the hidden states it reads [B, K+1, F]."""
     inputs = torch.cat([state.tip[:, None], proposal.tokens], dim=1)  # [B, K+1]
     K = proposal.tokens.shape[1]
-    if drafted and drafter.traits.shares_target_pass:  # an early-exit draft already ran its layers for tip, x_1..x_{K-1}
+    # an early-exit draft already ran its layers for tip, x_1..x_{K-1}
+    if drafted and drafter.traits.shares_target_pass:
         return drafter.target_forward(inputs), None
     if state.hidden_layers:
         return state.kv.forward_features(target, inputs, state.hidden_layers, logits_to_keep=K + 1,

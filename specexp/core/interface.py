@@ -212,7 +212,8 @@ class MarkovChain(Drafter, Protocol):
     """An autoregressive draft, declared by ``traits.markov_chain``: its q on any prefix is what it
     would propose there, so it can score a whole continuation in one teacher-forced pass."""
 
-    def q_along(self, prompts: list[list[int]], references: list[list[int]], sampling: SamplingConfig) -> list[torch.Tensor]:
+    def q_along(self, prompts: list[list[int]], references: list[list[int]],
+                sampling: SamplingConfig) -> list[torch.Tensor]:
         """Its q [A_b, V] of each token of reference b on prompt b + the reference's own prefix (row 0: 0)."""
 
 

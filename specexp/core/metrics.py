@@ -106,3 +106,12 @@ def tokens_per_s(batches) -> float | None:
     """One arm's throughput over its batch timings (study/run.py's batches table): tokens emitted per
     second of whole decodes, prefill included."""
     return safe_ratio(batches["tokens"].sum(), batches["total_s"].sum())
+
+
+def slot_counts(n_proposed: np.ndarray, path: np.ndarray, active: np.ndarray, n_slots: int) -> tuple[np.ndarray, ...]:
+    """Summed over the active rows, per slot 0..n_slots-1: whether it was in the row's tree
+    (n_proposed [B]) and whether it was on the accepted path (path [B, D] node indices, -1 after)."""
+    reached = (np.arange(n_slots)[None, :] < n_proposed[active][:, None]).sum(0)
+    on_path = path[active]
+    accepted = np.bincount(on_path[(on_path >= 0) & (on_path < n_slots)], minlength=n_slots)
+    return reached.astype(float), accepted.astype(float)

@@ -54,7 +54,8 @@ class Readback:
 
 
 def asking_frame() -> str:
-    frames = [f for f in traceback.extract_stack()[:-2] if "/specexp/" in f.filename and "readbacks.py" not in f.filename]
+    frames = [f for f in traceback.extract_stack()[:-2]
+              if "/specexp/" in f.filename and "readbacks.py" not in f.filename]
     if not frames:
         return "?"
     f = frames[-1]

@@ -29,7 +29,8 @@ from specexp.core.tree import tree_depths
 
 def tree_verify(
     tree_tokens: torch.Tensor,  # [B, N] long
-    parents: torch.Tensor | None,  # [B, N] long: -1 for a child of the root (the committed tip), else an index < i; None: a chain
+    # [B, N] long: -1 for a child of the root (the committed tip), else an index < i; None: a chain
+    parents: torch.Tensor | None,
     draft_probs: torch.Tensor,  # [B, N, V]: node i's q, given its earlier siblings
     target_probs: torch.Tensor,  # [B, N+1, V]: index 0 is p at the root, index i+1 is p after node i
     generator: torch.Generator | None = None,
@@ -96,7 +97,8 @@ def greedy_verify(
     for i in range(N):  # parents come before their children
         hot = target_ids.gather(1, (node + 1)[:, None]).squeeze(1)  # [B]: a at the row's node
         accept = (parents[:, i] == node) & q_x[:, i] & (tree_tokens[:, i] == hot)
-        path.scatter_(1, n_accepted[:, None], torch.where(accept, i, path.gather(1, n_accepted[:, None])[:, 0])[:, None])
+        path.scatter_(1, n_accepted[:, None],
+                      torch.where(accept, i, path.gather(1, n_accepted[:, None])[:, 0])[:, None])
         node = torch.where(accept, i, node)
         n_accepted = n_accepted + accept.long()
     return path, n_accepted, target_ids.gather(1, (node + 1)[:, None]).squeeze(1)

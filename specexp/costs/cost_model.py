@@ -88,13 +88,15 @@ def predict_run(spec: pd.DataFrame, ar: pd.DataFrame, batches: pd.DataFrame, k: 
     expected = float(expected_emitted(table, spec["proposed"].to_numpy(), limit).sum())
     spec_b, ar_b = arms(batches)
     prefill_ar = float(sum(profile.prefill(p) for p in ar_b["prompt_length"]))
-    drafting_batches = spec_rounds.loc[spec_rounds["k_chosen"] > 0, "batch"].nunique()  # a draft never asked costs nothing
+    # a draft never asked costs nothing
+    drafting_batches = spec_rounds.loc[spec_rounds["k_chosen"] > 0, "batch"].nunique()
     prefill_spec = float(sum(profile.prefill(p) for p in spec_b["prompt_length"]))
     prefill_spec += profile.reset_s(draft) * drafting_batches if drafting_batches else 0.0
     # Tokens after each row's first (which the prompt pass yields), at the rate the model expects.
     spec_round_tokens = float(spec["emitted"].sum())
     spec_s = prefill_spec + spec_round_tokens * (draft_s + target_s + overhead_s) / expected
-    ar_s = prefill_ar + float(sum(profile.pass_s(1, c) for c in ar_rounds["context"])) + profile.overhead_s * len(ar_rounds)
+    ar_s = (prefill_ar + float(sum(profile.pass_s(1, c) for c in ar_rounds["context"]))
+            + profile.overhead_s * len(ar_rounds))
     return {
         "predicted_speedup": speedup(ar_s, spec_s, float(ar_b["tokens"].sum()), float(spec_b["tokens"].sum())),
         "predicted_tokens_per_round": expected / len(spec) if len(spec) else None,

@@ -30,9 +30,8 @@ from tqdm.auto import tqdm
 
 from specexp.core.engine import device_sync, generate
 from specexp.core.kv import new_ragged_kv
-from specexp.core.metrics import position_counts
+from specexp.core.metrics import position_counts, slot_counts
 from specexp.core.sampling import SamplingConfig, logits_to_probs
-from specexp.core.tree_policy import slot_counts
 from specexp.drafts.registry import K_KEYS
 from specexp.errors import UserInputError
 from specexp.output import short_hash, write_atomic
@@ -112,7 +111,8 @@ class Profile:
         """Per slot of a dynamic tree, (on the accepted path, in the tree) in the draft's profiling
         decodes; None for a chain draft."""
         entry = self.drafts.get(draft, {})
-        return (np.asarray(entry["slot_accepted"]), np.asarray(entry["slot_reached"])) if "slot_reached" in entry else None
+        return ((np.asarray(entry["slot_accepted"]), np.asarray(entry["slot_reached"]))
+                if "slot_reached" in entry else None)
 
     def record(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "path"}
@@ -224,7 +224,8 @@ def _decode(forward, prompt: list[int], batch_size: int, drafter, sampling, new_
                     target.pad_token_id, k_max=k)
 
 
-def measure_overhead(forward, target, prompt: list[int], batch_size: int, sampling, new_tokens: int = 32) -> tuple[float, float]:
+def measure_overhead(forward, target, prompt: list[int], batch_size: int, sampling,
+                     new_tokens: int = 32) -> tuple[float, float]:
     """The engine's seconds per AR round outside the target pass (verify, commit, rewind) and the
     whole prompt pass as the engine times it."""
     _decode(forward, prompt, batch_size, None, sampling, 4, target)  # warm-up
@@ -233,7 +234,7 @@ def measure_overhead(forward, target, prompt: list[int], batch_size: int, sampli
 
 
 def tree_slot_counts(out, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """A decode's (accepted, reached) per tree slot 0..n_slots-1 (core/tree_policy.py), summed over its rounds."""
+    """A decode's (accepted, reached) per tree slot 0..n_slots-1 (k_policy/tree.py), summed over its rounds."""
     accepted, reached = np.zeros(n_slots), np.zeros(n_slots)
     for proposed, path, active in zip(out.n_proposed.numpy(), out.paths, out.active.numpy(), strict=True):
         looked, took = slot_counts(proposed, path.numpy(), active, n_slots)
@@ -321,11 +322,13 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
         if profile is not None and profile.max_tokens < max_tokens:
             profile = None  # this study passes more tokens than the cached profile measured
         context = target.context_length or max(context_lengths) + max_tokens
-        lengths = [length for length in context_lengths if length + max_tokens <= context] or [max(context - max_tokens, 1)]
+        lengths = ([length for length in context_lengths if length + max_tokens <= context]
+                   or [max(context - max_tokens, 1)])
         ks = timed_ks(max_tokens - 1, drafter.traits.k_limit if drafter is not None else None, draft_ks)
         entry = {} if profile is None else profile.drafts.get(draft_name, {})
         weights = None if drafter is None else weights_fingerprint(drafter)
-        need_draft = drafter is not None and (not set(ks) <= set(entry.get("k", [])) or entry.get("method") != DRAFT_METHOD
+        need_draft = drafter is not None and (not set(ks) <= set(entry.get("k", []))
+                                              or entry.get("method") != DRAFT_METHOD
                                               or entry.get("weights") != weights
                                               or (drafter.traits.grows_trees and "slot_reached" not in entry))
         steps = (0 if profile is not None else len(lengths) * (repeats + 1) + 1) + (len(ks) if need_draft else 0)
@@ -333,7 +336,8 @@ def ensure_profile(target, forward, runtime_record: dict, drafter, draft_name: s
             return profile
         with tqdm(total=steps, desc="hardware profile", unit="step", dynamic_ncols=True, file=sys.stderr) as progress:
             if profile is None:
-                target_s, prefill_s = measure_target(forward, batch_size, max_tokens, lengths, sampling, repeats, progress)
+                target_s, prefill_s = measure_target(forward, batch_size, max_tokens, lengths, sampling, repeats,
+                                                     progress)
                 overhead_s, _ = measure_overhead(forward, target, prompt, batch_size, sampling, new_tokens)
                 progress.update(1)
                 profile = Profile(key, lengths, target_s, overhead_s, prefill_s)
@@ -358,7 +362,8 @@ def timed_ks(k_max: int, k_limit: int | None, draft_ks: list[int] | None) -> lis
 
 def describe(profile: Profile) -> str:
     """The profile as a few lines of text: T(n)/T(1) at each context length, then each draft."""
-    lines = [f"{profile.key['target']} on {profile.key['cpu']}" + (f" / {profile.key['gpu']}" if "gpu" in profile.key else "")
+    lines = [f"{profile.key['target']} on {profile.key['cpu']}"
+             + (f" / {profile.key['gpu']}" if "gpu" in profile.key else "")
              + f", batch {profile.key['batch_size']}, runtime {profile.key['runtime'].get('name')}",
              f"bookkeeping per round {profile.overhead_s * 1e3:.2f} ms"]
     for length, seconds, prefill in zip(profile.context_lengths, profile.target_s, profile.prefill_s, strict=True):

@@ -61,7 +61,8 @@ def distill(cfg: DictConfig, out_dir: Path) -> dict:
                            target.vocab_size, vocab_fingerprint(target))
     student = instantiate(cfg.student)(target, draft_vocab=vocab)
     if vocab is not None and student.draft_vocab is not vocab:
-        raise UserInputError("draft_vocab_size must be null with student.init_from: the checkpoint brings its own vocabulary")
+        raise UserInputError("draft_vocab_size must be null with student.init_from: "
+                             "the checkpoint brings its own vocabulary")
     dataset = corpus
     reads_features = student.as_student.reads_features
     if cfg.feature_cache and not reads_features:
@@ -73,7 +74,8 @@ def distill(cfg: DictConfig, out_dir: Path) -> dict:
         print(f"{student.name} reads the target's hidden states: one live target pass per step gives them and the "
               f"teacher's distributions (teacher_top_k={cfg.teacher_top_k} unused; feature_cache=true caches them)")
     elif cfg.teacher_top_k:
-        dataset = cached_dataset(teacher_cache_path(corpus, target, cfg.teacher_top_k, cfg.temperature, student.draft_vocab),
+        dataset = cached_dataset(teacher_cache_path(corpus, target, cfg.teacher_top_k, cfg.temperature,
+                                                    student.draft_vocab),
                                  lambda: with_teacher_top_k(corpus, target, cfg.teacher_top_k, cfg.temperature,
                                                             student.draft_vocab, cfg.data.batch_size))
     data = DistillDataModule(dataset, cfg.data.batch_size, cfg.data.val_fraction, cfg.seed)

@@ -53,7 +53,8 @@ def cached_dataset(path: Path, build: Callable[[], datasets.Dataset]) -> dataset
     return datasets.load_from_disk(str(path))
 
 
-def corpus_dataset(target: LoadedModel, corpus: dict, block_size: int, cache_dir: str | None = None) -> datasets.Dataset:
+def corpus_dataset(target: LoadedModel, corpus: dict, block_size: int,
+                   cache_dir: str | None = None) -> datasets.Dataset:
     """The corpus as token blocks, cached under cache_dir (default: the specexp cache) by its config."""
     root = Path(cache_dir) if cache_dir else cache_root() / "distill"
     key = short_hash([target.name, vocab_fingerprint(target), corpus, block_size])

@@ -191,9 +191,9 @@ def eagle_student(target: LoadedModel, hidden_layers: list[int] | str | None = N
 
 
 def eagle3_student(target: LoadedModel, hidden_layers: list[int] | None = None, unroll_steps: int = 3,
-                   intermediate_size: int | None = None, norm_before_residual: bool = False, norm_before_fc: bool = False,
-                   fc_norm: bool = False, norm_output: bool = False, draft_vocab: DraftVocab | None = None,
-                   seed: int = 0) -> LoadedModel:
+                   intermediate_size: int | None = None, norm_before_residual: bool = False,
+                   norm_before_fc: bool = False, fc_norm: bool = False, norm_output: bool = False,
+                   draft_vocab: DraftVocab | None = None, seed: int = 0) -> LoadedModel:
     """A fresh EAGLE-3 head as published (`student=eagle3`, drafts/parts/eagle3_head.py) for the target:
     its low, middle and high states (or ``hidden_layers``, hidden-state indices) fused, trained with
     ``unroll_steps`` steps of the training-time test; exported in the speculators format that vLLM serves

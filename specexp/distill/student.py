@@ -27,7 +27,8 @@ def build_student(target: LoadedModel, init_from: str | None = None, hidden_size
     config = LlamaConfig(
         vocab_size=_output_size(target, draft_vocab), hidden_size=hidden_size, num_hidden_layers=num_layers,
         num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size,
-        max_position_embeddings=getattr(text, "max_position_embeddings", 2048), rope_theta=getattr(text, "rope_theta", 10000.0),
+        max_position_embeddings=getattr(text, "max_position_embeddings", 2048),
+        rope_theta=getattr(text, "rope_theta", 10000.0),
         bos_token_id=getattr(text, "bos_token_id", None), eos_token_id=getattr(text, "eos_token_id", None),
         pad_token_id=getattr(text, "pad_token_id", None), tie_word_embeddings=tie_embeddings,
     )

@@ -3,27 +3,14 @@ or a K policy's name: then the draft is built for `k_max` tokens), the keys that
 rather than configure it (`name`, `card`) set aside, the rest instantiated with the target."""
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from specexp.core.interface import Drafter
 from specexp.drafts.registry import DESCRIBING_KEYS, draft_name
 from specexp.errors import UserInputError
-from specexp.paths import CONFIG_DIR
 
-POLICY_DIR = Path(CONFIG_DIR) / "k_policy"  # a K policy is conf/k_policy/NAME.yaml (costs/k_choice.py builds it)
 DEFAULT_K_MAX = 8
-
-
-def policy_names() -> list[str]:
-    """The K policies draft.k may name: conf/k_policy/*.yaml."""
-    return sorted(p.stem for p in POLICY_DIR.glob("*.yaml"))
-
-
-def policy_config(name: str) -> DictConfig:
-    """conf/k_policy/NAME.yaml: the `_target_` of the K policy draft.k=NAME builds."""
-    return OmegaConf.load(POLICY_DIR / f"{name}.yaml")
 
 
 def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
@@ -39,7 +26,7 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
             draft_cfg.pop(key, None)
         k_max = draft_cfg.pop("k_max", DEFAULT_K_MAX)
         tree = draft_cfg.pop("tree", None)
-        if tree is not None:  # a token tree's size is its node budget: draft.k=auto prices it (TreeK)
+        if tree is not None:  # a token tree's size is its node budget: draft.k=auto prices it (k_policy/tree.py)
             if tree != "auto":
                 raise UserInputError(f"draft.tree={tree} is not allowed; give auto (the node budget and depth chosen "
                                      "each round) or null (draft.k nodes)")
@@ -50,14 +37,13 @@ def resolve_draft_k(draft_cfg: DictConfig) -> tuple[DictConfig, str | None]:
         if not isinstance(k, str):
             if k is not None and (not isinstance(k, int) or k < 0):  # 0 is the A/A control: built, never asked
                 raise UserInputError(f"draft.k={k} is not allowed; give an integer >= 1 (0: never propose, the A/A "
-                                     f"control), or one of: {', '.join(policy_names())}")
+                                     "control), or a K policy's name (conf/k_policy/)")
             return draft_cfg, None
-        if k not in policy_names():
-            raise UserInputError(f"draft.k={k} is not allowed; give an integer >= 1, or one of: {', '.join(policy_names())}")
         if not isinstance(k_max, int) or k_max < 1:
             raise UserInputError(f"draft.k_max={k_max} is not allowed; it must be an integer >= 1")
         draft_cfg.k = k_max
-        for key, value in ((card or {}).get("with_k_policy") or {}).items():  # the draft's own unset options a policy takes over
+        # the draft's own unset options a policy takes over
+        for key, value in ((card or {}).get("with_k_policy") or {}).items():
             if draft_cfg.get(key) is None:
                 draft_cfg[key] = value
     return draft_cfg, k
@@ -81,7 +67,8 @@ def check_draft_arguments(resolved: DictConfig, name: str) -> None:
     try:
         constructor = get_object(str(resolved.get("_target_")))
     except Exception as error:  # Hydra's ImportError words name the module it could not import
-        raise UserInputError(f"draft={name}: _target_ '{resolved.get('_target_')}' cannot be imported ({error})") from None
+        raise UserInputError(f"draft={name}: _target_ '{resolved.get('_target_')}' cannot be imported "
+                             f"({error})") from None
     parameters = list(inspect.signature(constructor).parameters.values())[1:]  # the first is the target, given at build
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return
@@ -110,7 +97,7 @@ def build_draft(draft_cfg: DictConfig, target) -> BuiltDraft:
     drafter = instantiate(resolved)(target)
     traits = drafter.traits
     if policy is not None and traits.branches > 1 and (policy != "auto" or not traits.grows_trees):
-        raise UserInputError(f"draft.k={policy} prices chains, and with auto the dynamic trees of a draft that grows them "
-                             f"(traits.grows_trees); this token tree (draft.branches={traits.branches}) takes a "
+        raise UserInputError(f"draft.k={policy} prices chains, and with auto the dynamic trees of a draft that grows "
+                             f"them (traits.grows_trees); this token tree (draft.branches={traits.branches}) takes a "
                              "fixed node budget, e.g. draft.k=8")
     return BuiltDraft(drafter, policy, resolved, 0 if never else traits.k_max, draft_name(draft_cfg))

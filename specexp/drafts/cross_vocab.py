@@ -34,7 +34,8 @@ from specexp.models import LoadedModel
 from specexp.runtime.decoder import lean_decoder, unsupported_reason
 
 MAPPINGS = ("tli", "string")
-TAIL_TOKENS = 4  # committed target tokens re-encoded with a string proposal, so its first token joins them as the target would
+# committed target tokens re-encoded with a string proposal, so its first token joins them as the target would
+TAIL_TOKENS = 4
 
 
 class CrossVocabDrafter:
@@ -44,11 +45,12 @@ class CrossVocabDrafter:
                  min_overlap: float = 0.05, quantize: str | None = None):
         check_k(k)
         if vocab_mapping not in MAPPINGS:
-            raise UserInputError(f"draft.vocab_mapping={vocab_mapping} is not allowed; choose one of: {', '.join(MAPPINGS)}")
+            raise UserInputError(f"draft.vocab_mapping={vocab_mapping} is not allowed; "
+                                 f"choose one of: {', '.join(MAPPINGS)}")
         for name, model in (("target", target), ("draft", draft)):
             if model.tokenizer is None:
-                raise UserInputError(f"vocab mismatch: {name} '{model.name}' has no tokenizer, so its vocabulary cannot "
-                                     f"be mapped to the other's; give a model folder with its tokenizer")
+                raise UserInputError(f"vocab mismatch: {name} '{model.name}' has no tokenizer, so its vocabulary "
+                                     f"cannot be mapped to the other's; give a model folder with its tokenizer")
         self.draft = dataclasses.replace(draft, model=quantize_linears(draft.model, quantize))
         self.lean = unsupported_reason(self.draft.model) is None
         self.forward_model = lean_decoder(self.draft.model) if self.lean else self.draft.model
@@ -67,7 +69,8 @@ class CrossVocabDrafter:
         self.to_target = to_target.to(device)  # [V_d]
         self.shared_ids = (to_target >= 0).nonzero().flatten().to(device)  # [N] draft ids it may propose (tli)
         self.shared_targets = to_target[to_target >= 0].to(device)  # [N] their target ids
-        self.empty_text_id = next(i for i in (draft.tokenizer.bos_token_id, draft.tokenizer.eos_token_id, 0) if i is not None)
+        self.empty_text_id = next(i for i in (draft.tokenizer.bos_token_id, draft.tokenizer.eos_token_id, 0)
+                                  if i is not None)
         self.traits = DraftTraits(k_max=k, models=(self.draft.model,), vocab_overlap=self.vocab_map.overlap)
         self.kv: RaggedKV | StaticRaggedKV | None = None
         self.cached: list[list[int]] = []  # per row: the draft ids its cache holds
@@ -82,7 +85,8 @@ class CrossVocabDrafter:
 
     def _draft_encoding(self, committed: list[list[int]]) -> list[list[int]]:
         """Each row's committed text in the draft's tokens (its BOS where its tokenizer adds one)."""
-        texts = self.target_tokenizer.batch_decode(committed, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        texts = self.target_tokenizer.batch_decode(committed, skip_special_tokens=True,
+                                                   clean_up_tokenization_spaces=False)
         encoded = self.draft_tokenizer(texts, add_special_tokens=True)["input_ids"]
         return [ids or [self.empty_text_id] for ids in encoded]
 
@@ -142,7 +146,8 @@ class CrossVocabDrafter:
             stop = next((i for i, token in enumerate(row) if token in self.draft_eos), len(row))
             texts.append(self.draft_tokenizer.decode(row[:stop], skip_special_tokens=True).rstrip("\ufffd"))
         tails = [ids[-TAIL_TOKENS:] for ids in committed]
-        tail_texts = self.target_tokenizer.batch_decode(tails, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        tail_texts = self.target_tokenizer.batch_decode(tails, skip_special_tokens=False,
+                                                        clean_up_tokenization_spaces=False)
         joined = [t + s for t, s in zip(tail_texts, texts, strict=True)]
         joined = self.target_tokenizer(joined, add_special_tokens=False)["input_ids"]
         alone = self.target_tokenizer(texts, add_special_tokens=False)["input_ids"]

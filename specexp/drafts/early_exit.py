@@ -64,7 +64,8 @@ class SharedEarlyExitDrafter:
             mask = torch.cat([mask, ones], dim=1)  # layers 0..L-1 grow one slot per step
             h = self.decoder.run_layers(self.decoder.embed(x), range(self.head.exit_layer), self.kv, mask,
                                         position + i)  # [B, 1, H]
-            token, q = sample_draft(self.exit_logits(h[:, -1]), self.head.draft_vocab, sampling, generator)  # [B], [B, V]
+            token, q = sample_draft(self.exit_logits(h[:, -1]), self.head.draft_vocab, sampling,
+                                    generator)  # [B], [B, V]
             x = token[:, None]
             tokens.append(x)
             probs.append(q)

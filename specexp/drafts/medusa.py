@@ -25,7 +25,8 @@ SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "medusa-smollm2-13
 class MedusaDrafter:
     """Chains (``branches`` = 1) or dynamic trees of ``k`` nodes, at most one level per head."""
 
-    def __init__(self, target: LoadedModel, heads: MedusaHeads, k: int = 3, branches: int = 1, depth: int | None = None):
+    def __init__(self, target: LoadedModel, heads: MedusaHeads, k: int = 3, branches: int = 1,
+                 depth: int | None = None):
         check_k(k)
         check_tree(branches, depth)
         if branches == 1 and k > heads.n_heads:

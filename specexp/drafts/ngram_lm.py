@@ -60,7 +60,8 @@ class NgramLMDrafter:
             if not confident.any():
                 break
             stopped = torch.from_numpy(~confident).to(device)
-            q = warp_distribution(torch.from_numpy(q_host).float().to(device), sampling) * ~stopped[:, None]  # zero: not proposed
+            # zero: not proposed
+            q = warp_distribution(torch.from_numpy(q_host).float().to(device), sampling) * ~stopped[:, None]
             x = sample(q.clamp_min(0) + stopped[:, None], generator)  # [B]; any token for stopped rows
             drafted.append(x)
             probs.append(q)

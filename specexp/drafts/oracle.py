@@ -114,7 +114,8 @@ class OracleDrafter:
         shift = torch.randint(1, self.vocab_size, (B, k), generator=self.generator, device=device)
         tokens = torch.where(kept, right, (right + shift) % self.vocab_size)  # [B, k]
         valid = torch.arange(k, device=device) < n_proposed[:, None]
-        probs = torch.zeros(B, k, self.vocab_size, device=device).scatter_(2, tokens[..., None], valid[..., None].float())
+        probs = torch.zeros(B, k, self.vocab_size, device=device).scatter_(2, tokens[..., None],
+                                                                           valid[..., None].float())
         return Proposal(tokens=tokens, probs=probs, n_proposed=n_proposed)
 
     def update(self, ctx: Context, proposal: Proposal, n_accepted: torch.Tensor) -> None:

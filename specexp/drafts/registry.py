@@ -33,7 +33,8 @@ class DraftCard:
     name: str  # the config's name (conf/draft/NAME.yaml), a study's summary["draft"]
     label: str  # its name in figures' legends and tables
     colour: str | None = None  # a matplotlib colour for every figure; None: the next of the palette
-    variants: tuple[str, ...] = ()  # config keys whose values make a variant figures tell apart (early_exit: head, mode)
+    # config keys whose values make a variant figures tell apart (early_exit: head, mode)
+    variants: tuple[str, ...] = ()
     pairing: bool = False  # `python -m specexp.pairing` ranks it when --drafts is not given
     # student -> the draft's key its exported folder goes in: `python -m specexp.distill student=S` trains it
     trained_by: dict = field(default_factory=dict)

@@ -24,7 +24,8 @@ class RetrievalDrafter:
         """path: a datastore from `python -m specexp.ngram datastore`; None builds one of ``corpus``
         (corpus_documents' arguments) once into the cache."""
         check_k(k)
-        for name, value in (("max_match", max_match), ("max_occurrences", max_occurrences), ("context_max_n", context_max_n)):
+        for name, value in (("max_match", max_match), ("max_occurrences", max_occurrences),
+                            ("context_max_n", context_max_n)):
             if value < 1:
                 raise UserInputError(f"draft.{name}={value} is not allowed; it must be an integer >= 1")
         check_min_confidence(min_confidence)

@@ -129,7 +129,8 @@ class SmallLMDrafter:
         """One pass over every row's committed tokens but its tip. Rows are left-padded to a common
         start; a finished row shorter than the longest is padded on the right (it drafts no more)."""
         host = ctx.on_host()
-        self.kv = new_ragged_kv(self.forward_model, ctx.tokens.shape[0], ctx.tokens.device, capacity=ctx.tokens.shape[1])
+        self.kv = new_ragged_kv(self.forward_model, ctx.tokens.shape[0], ctx.tokens.device,
+                                capacity=ctx.tokens.shape[1])
         L = int(host.lengths.max()) - 1
         if L > 0:
             slots = torch.arange(L, device=ctx.tokens.device)[None, :]  # [1, L]
@@ -145,7 +146,8 @@ class SmallLMDrafter:
               input_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """Target ids [B, T] in (``input_mask`` 0: left padding) -> the next token [B] (target id),
         its q [B, V] and whether the draft is confident enough to propose it [B]."""
-        logits = self.kv.forward(self.forward_model, self._draft_ids(input_ids), input_mask, logits_to_keep=1)[:, -1]  # [B, V_d]
+        logits = self.kv.forward(self.forward_model, self._draft_ids(input_ids), input_mask,
+                                 logits_to_keep=1)[:, -1]  # [B, V_d]
         if self.draft_vocab is None:
             logits = align_vocab(logits, self.vocab_size)  # [B, V]
         x, q = sample_draft(logits, self.draft_vocab, sampling, generator)
@@ -193,10 +195,12 @@ class SmallLMDrafter:
                 self.n_fed += 1
         if not tokens:
             return Proposal.empty(ctx.tokens.shape[0], self.vocab_size, ctx.tokens.device)
-        return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1), n_proposed=n_proposed)  # [B, K'], K' <= K
+        return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1),
+                        n_proposed=n_proposed)  # [B, K'], K' <= K
 
     @torch.inference_mode()
-    def q_along(self, prompts: list[list[int]], references: list[list[int]], sampling: SamplingConfig) -> list[torch.Tensor]:
+    def q_along(self, prompts: list[list[int]], references: list[list[int]],
+                sampling: SamplingConfig) -> list[torch.Tensor]:
         """The draft's q of every token of each reference on the reference's own prefix [A_b, V] (row 0,
         the prompt pass's token, and a row the draft is not confident enough to propose: 0), what its
         one-token proposals along the reference give (study/replay.draft_along), from one teacher-forced
@@ -223,12 +227,14 @@ class SmallLMDrafter:
 
     def _target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [..., V_d] -> [..., V] in the target's ids, -inf for tokens it cannot propose."""
-        return align_vocab(logits, self.vocab_size) if self.draft_vocab is None else self.draft_vocab.to_target_logits(logits)
+        return (align_vocab(logits, self.vocab_size) if self.draft_vocab is None
+                else self.draft_vocab.to_target_logits(logits))
 
     def _propose_tree(self, ctx: Context, k: int, feed: torch.Tensor, feed_mask: torch.Tensor,
                       sampling: SamplingConfig, generator: torch.Generator | None) -> Proposal:
         B, device = feed.shape[0], feed.device
-        root = self._target_logits(self.kv.forward(self.forward_model, self._draft_ids(feed), feed_mask)[:, -1])  # [B, V]
+        root = self._target_logits(self.kv.forward(self.forward_model, self._draft_ids(feed),
+                                                   feed_mask)[:, -1])  # [B, V]
         tip_position = self.kv.n_valid[:, None] - 1  # [B, 1]: the tip is the last token fed
         region = TreeRegion(B, k, device)
 
@@ -273,10 +279,11 @@ def small_lm_draft(target: LoadedModel, model: str | LoadedModel, k: int = 4, dt
         return SmallLMDrafter(target, model, k=k, min_confidence=min_confidence, quantize=quantize, branches=branches,
                               depth=depth)
     if branches > 1 or min_confidence > 0.0:
-        raise UserInputError(f"draft '{model.name}' has another tokenizer than target '{target.name}': it drafts chains "
-                             f"(draft.branches=1) without min_confidence; got branches={branches}, "
+        raise UserInputError(f"draft '{model.name}' has another tokenizer than target '{target.name}': it drafts "
+                             f"chains (draft.branches=1) without min_confidence; got branches={branches}, "
                              f"min_confidence={min_confidence}")
-    return CrossVocabDrafter(target, model, k=k, vocab_mapping=vocab_mapping, min_overlap=min_overlap, quantize=quantize)
+    return CrossVocabDrafter(target, model, k=k, vocab_mapping=vocab_mapping, min_overlap=min_overlap,
+                             quantize=quantize)
 
 
 EMBEDDED_DRAFTS = {"smollm2_135m": load_embedded_target, "gemma3_270m": load_embedded_gemma3}  # config -> loader

@@ -28,12 +28,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--target", default="default", help="'default' (embedded SmolLM2) or a hub name / local folder")
     parser.add_argument("--device", default="auto", help="where the target runs: auto, cpu or cuda (default: auto)")
     parser.add_argument("--text", action="append", default=[], help="text data set: file, glob or HF name (repeatable)")
-    parser.add_argument("--text-column", default="text", help="the column holding the text in an HF data set (default: text)")
-    parser.add_argument("--max-documents", type=int, default=None, help="documents read of each text data set (default: all)")
+    parser.add_argument("--text-column", default="text",
+                        help="the column holding the text in an HF data set (default: text)")
+    parser.add_argument("--max-documents", type=int, default=None,
+                        help="documents read of each text data set (default: all)")
     parser.add_argument("--prompts", default=None, help="prompt set the target answers: mt_bench, self or a file")
-    parser.add_argument("--prompt-text-column", default="turns", help="the column holding a prompt file's text (default: turns)")
+    parser.add_argument("--prompt-text-column", default="turns",
+                        help="the column holding a prompt file's text (default: turns)")
     parser.add_argument("--prompt-limit", type=int, default=None, help="prompts the target answers (default: all)")
-    parser.add_argument("--generation-tokens", type=int, default=128, help="tokens the target writes per prompt (default: 128)")
+    parser.add_argument("--generation-tokens", type=int, default=128,
+                        help="tokens the target writes per prompt (default: 128)")
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the generations")
     parser.add_argument("--batch-size", type=int, default=8, help="prompts the target answers together (default: 8)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the generations' sampling (default: 0)")
@@ -43,7 +47,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def build(args: argparse.Namespace) -> None:
     if not args.text and not args.prompts:
         raise UserInputError("no corpus given; pass --text and/or --prompts")
-    target = load_embedded_target(device=args.device) if args.target == "default" else load_model(args.target, device=args.device)
+    target = (load_embedded_target(device=args.device) if args.target == "default"
+              else load_model(args.target, device=args.device))
     if target.tokenizer is None:
         raise UserInputError(f"target '{target.name}' has no tokenizer")
     documents = corpus_documents(target, text=args.text, text_column=args.text_column, prompts=args.prompts,

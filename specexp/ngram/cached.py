@@ -92,7 +92,8 @@ def datastore_from_documents(documents: list[list[int]], target: LoadedModel) ->
 def cached_lm(target: LoadedModel, order: int, corpus: dict) -> str:
     """The order-``order`` Kneser-Ney LM of ``corpus`` for this target (built on first use)."""
     check_order(order)
-    return cached_draft_file("lm", target, corpus, {"order": order}, lambda docs: lm_from_documents(docs, target, order))
+    return cached_draft_file("lm", target, corpus, {"order": order},
+                             lambda docs: lm_from_documents(docs, target, order))
 
 
 def cached_datastore(target: LoadedModel, corpus: dict) -> str:

@@ -29,7 +29,8 @@ def overrides_of(job_dir: Path) -> dict[str, str]:
     """The job's own command-line overrides (key -> value), without Hydra's and the experiment's."""
     path = job_dir / ".hydra" / "overrides.yaml"
     overrides = OmegaConf.load(path) if path.exists() else []
-    return dict(str(o).split("=", 1) for o in overrides if "=" in str(o) and not str(o).startswith(("hydra.", "experiment=")))
+    return dict(str(o).split("=", 1) for o in overrides
+                if "=" in str(o) and not str(o).startswith(("hydra.", "experiment=")))
 
 
 def validation_history(job_dir: Path) -> list[dict]:

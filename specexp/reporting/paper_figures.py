@@ -49,7 +49,8 @@ def finished_studies(table: pd.DataFrame) -> pd.DataFrame:
     branches = table["cfg.draft.branches"] if "cfg.draft.branches" in table else pd.Series(1, index=table.index)
     table["branches"] = pd.to_numeric(branches, errors="coerce").fillna(1).astype(int)
     mean_k = table["mean_k"] if "mean_k" in table else table["k"]
-    table["alpha_equivalent"] = [cost_model.equivalent_alpha(tau, k) if pd.notna(tau) and pd.notna(k) and k > 0 else None
+    table["alpha_equivalent"] = [cost_model.equivalent_alpha(tau, k)
+                                 if pd.notna(tau) and pd.notna(k) and k > 0 else None
                                  for tau, k in zip(table["tau"], mean_k.fillna(table["k"]), strict=True)]
     return table.reset_index(drop=True)
 
@@ -64,7 +65,8 @@ def with_pairing_predictions(jobs: pd.DataFrame, paths: list[Path]) -> pd.DataFr
     best = predicted[predicted["is_best_k"]].rename(columns={"predicted_speedup": "pairing_predicted_speedup",
                                                              "predicted_alpha": "pairing_predicted_alpha"})
     keys = ["target", "draft", "data", "temperature"]
-    jobs = jobs.assign(draft_config=jobs["choice.draft"]) if "choice.draft" in jobs else jobs.assign(draft_config=jobs["draft"])
+    jobs = (jobs.assign(draft_config=jobs["choice.draft"]) if "choice.draft" in jobs
+            else jobs.assign(draft_config=jobs["draft"]))
     merged = jobs.merge(best[keys + ["pairing_predicted_speedup", "pairing_predicted_alpha"]].rename(
         columns={"draft": "draft_config"}), on=["target", "draft_config", "data", "temperature"], how="left")
     return merged.drop(columns="draft_config")
@@ -111,7 +113,8 @@ def draft_labels(table: pd.DataFrame) -> pd.Series:
     mode change what is measured); a value that is a path (a trained folder) reads `custom`."""
     names = table["choice.draft"] if "choice.draft" in table else table["draft"]
     labels = table["cfg.draft.card.label"].fillna(names) if "cfg.draft.card.label" in table else names.copy()
-    variants = table["cfg.draft.card.variants"] if "cfg.draft.card.variants" in table else pd.Series(None, index=table.index)
+    variants = (table["cfg.draft.card.variants"] if "cfg.draft.card.variants" in table
+                else pd.Series(None, index=table.index))
 
     def label(row_label: str, keys, row: pd.Series) -> str:
         if not isinstance(keys, list | tuple | np.ndarray) or len(keys) == 0:
@@ -119,7 +122,8 @@ def draft_labels(table: pd.DataFrame) -> pd.Series:
         values = [str(row.get(f"cfg.draft.{key}")) for key in keys]
         return "/".join([str(row_label), *("custom" if "/" in v or "\\" in v else v for v in values)])
 
-    return pd.Series([label(lab, keys, row) for lab, keys, (_, row) in zip(labels, variants, table.iterrows(), strict=True)],
+    return pd.Series([label(lab, keys, row)
+                      for lab, keys, (_, row) in zip(labels, variants, table.iterrows(), strict=True)],
                      index=table.index, dtype=object)
 
 
@@ -151,8 +155,8 @@ def per_prompt_table(jobs: pd.DataFrame) -> pd.DataFrame:
         rounds["tokens"] = rounds["emitted"]
         for prompt_id, r in rounds.groupby("prompt_id"):
             measured = arm_metrics(r, r.groupby("mode", as_index=False)[["tokens", "total_s"]].sum())
-            rows.append({"draft": job.draft, "draft_colour": job.draft_colour, "k": job.k, "temperature": job.temperature,
-                         "batch_size": job.batch_size,
+            rows.append({"draft": job.draft, "draft_colour": job.draft_colour, "k": job.k,
+                         "temperature": job.temperature, "batch_size": job.batch_size,
                          "prompt_id": prompt_id, "category": r["category"].iloc[0], "alpha": measured.alpha,
                          "tau": measured.tau, "speedup": measured.speedup})
     return pd.DataFrame(rows)
@@ -212,11 +216,13 @@ def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[
                                "needs a draft measured at 2 or more K (experiment=k_sweep)")),
         ("tree_budget", *when(has_jobs and (jobs["branches"] > 1).any() and jobs["k"].nunique() >= 2,
                               lambda: plots.tree_budget(jobs),
-                              "needs token trees (draft.branches > 1) at 2 or more node budgets (experiment=tree_sweep)")),
+                              "needs token trees (draft.branches > 1) at 2 or more node budgets "
+                              "(experiment=tree_sweep)")),
         ("cost_quality_plane", *when(has_jobs and jobs["cost_ratio_c"].notna().any(),
                                      lambda: plots.cost_quality_plane(jobs, *plane_pricing(jobs)),
                                      no_jobs + " with a measured c")),
-        ("realized_vs_predicted", *when(has_jobs and "predicted_speedup" in jobs and jobs["predicted_speedup"].notna().any(),
+        ("realized_vs_predicted", *when(has_jobs and "predicted_speedup" in jobs
+                                        and jobs["predicted_speedup"].notna().any(),
                                         lambda: plots.realized_vs_predicted(jobs),
                                         no_jobs + " priced by the cost model (predicted_speedup)")),
         ("pairing_matrix", *when(has_jobs and jobs["target"].nunique() >= 2, lambda: plots.pairing_matrix(jobs),
@@ -234,7 +240,8 @@ def plan(jobs: pd.DataFrame, history: pd.DataFrame) -> list[tuple[str, Callable[
                                lambda: plots.effect_of(jobs, "batch_size", "batch size"),
                                "needs 2 or more batch sizes (experiment=batch_sweep)")),
         ("exit_layer_effect", *when(has_jobs and jobs["exit_layer"].nunique() >= 2,
-                                    lambda: plots.effect_of(jobs.dropna(subset=["exit_layer"]), "exit_layer", "exit layer L"),
+                                    lambda: plots.effect_of(jobs.dropna(subset=["exit_layer"]), "exit_layer",
+                                                            "exit layer L"),
                                     "needs 2 or more exit layers (experiment=exit_layer_sweep)")),
         ("distillation_alpha", *when(not history.empty, lambda: plots.distillation_curves(
             history, style="student" if history.get("student", pd.Series(dtype=str)).nunique() > 1 else None),

@@ -100,7 +100,8 @@ def job_errorbars(ax, jobs: pd.DataFrame, x: str, metric: str, palette: dict, la
         return False
     for draft, rows in jobs.sort_values(x).groupby("draft"):
         ax.errorbar(rows[x], rows[metric], yerr=np.nan_to_num(interval_errors(rows, metric)), color=palette[draft],
-                    label=draft if label else "_", capsize=1.5, elinewidth=0.8, **({"fmt": "o", "markersize": 3} | style))
+                    label=draft if label else "_", capsize=1.5, elinewidth=0.8,
+                    **({"fmt": "o", "markersize": 3} | style))
     return True
 
 
@@ -223,8 +224,10 @@ def realized_vs_predicted(jobs: pd.DataFrame) -> Figure:
     ax.fill_between(line, line * 0.9, line * 1.1, color="0.9", zorder=0, label="within 10%")
     ax.plot(line, line, color="0.4", linewidth=0.8, linestyle="--", label="realized = predicted")
     palette = palette_of(priced)
-    sns.scatterplot(data=priced, x="predicted_speedup", y="speedup", hue="draft", palette=palette, s=18, ax=ax, zorder=3)
-    job_errorbars(ax, priced, "predicted_speedup", "speedup", palette, label=False, fmt="none")  # measured 95% intervals
+    sns.scatterplot(data=priced, x="predicted_speedup", y="speedup", hue="draft", palette=palette, s=18, ax=ax,
+                    zorder=3)
+    # measured 95% intervals
+    job_errorbars(ax, priced, "predicted_speedup", "speedup", palette, label=False, fmt="none")
     ax.set(xlabel="predicted speedup (cost model)", ylabel="realized speedup", xlim=(low, high), ylim=(low, high))
     ax.legend(fontsize=5)
     return fig
@@ -305,7 +308,8 @@ def pairing_scatter(jobs: pd.DataFrame) -> Figure:
     palette = palette_of(priced)
     sns.scatterplot(data=priced, x=x, y="speedup", hue="draft", style="target", palette=palette, s=18, ax=ax, zorder=3)
     job_errorbars(ax, priced, x, "speedup", palette, label=False, fmt="none")
-    label = "predicted before decoding" if x == "pairing_predicted_speedup" else "predicted (cost model, measured alpha)"
+    label = ("predicted before decoding" if x == "pairing_predicted_speedup"
+             else "predicted (cost model, measured alpha)")
     ax.set(xlabel=label, ylabel="measured speedup", xlim=(low, high), ylim=(low, high))
     ax.legend(fontsize=5)
     return fig

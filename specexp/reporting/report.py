@@ -28,13 +28,15 @@ def with_interval(summary: dict, key: str) -> str:
 
 
 def done_line(label: str, summary: dict) -> str:
-    """A multirun job's one line: alpha, tau and speedup with their intervals ('-' for alpha when nothing was drafted)."""
+    """A multirun job's one line: alpha, tau and speedup with their intervals ('-' for alpha when
+    nothing was drafted)."""
     return f"[done] {label}: " + " ".join(f"{key}={with_interval(summary, key)}" for key in keys(interval=True))
 
 
 def print_summary(summary: dict, out_dir: Path | None = None, console: Console | None = None) -> None:
     console = console or Console()
-    k = summary.get("k") if summary.get("k_policy", "fixed") == "fixed" else f"{summary['k_policy']} (<= {summary['k']})"
+    k = (summary.get("k") if summary.get("k_policy", "fixed") == "fixed"
+         else f"{summary['k_policy']} (<= {summary['k']})")
     table = Table(title=f"{summary.get('draft')} on {summary.get('target')}, K={k}")
     table.add_column("metric")
     table.add_column("value", justify="right")

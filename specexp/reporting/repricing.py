@@ -36,7 +36,8 @@ def reprice(jobs: pd.DataFrame, profile: Profile) -> pd.DataFrame:
         if not (folder / "batches.parquet").is_file():
             row["note"] = "ran before batches.parquet was kept: rerun it"
         elif draft not in profile.drafts:
-            row["note"] = f"the profile has no entry for this draft ({draft}); profile it there with the same draft config"
+            row["note"] = (f"the profile has no entry for this draft ({draft}); "
+                           f"profile it there with the same draft config")
         else:
             rounds, batches = pd.read_parquet(folder / "rounds.parquet"), pd.read_parquet(folder / "batches.parquet")
             spec, ar = arms(rounds)

@@ -27,9 +27,9 @@ class Key:
 
 
 # The runs table's columns, in W&B's "section:name" form: what each run is, then its numbers.
-RUN_COLUMNS = ["config:choice.target", "run:jobType", "config:draft.k", "config:sampling.temperature", "config:choice.data",
-               "summary:alpha", "summary:tau", "summary:speedup", "summary:speedup_ci95_lo", "summary:speedup_ci95_hi",
-               "summary:realized_over_predicted"]
+RUN_COLUMNS = ["config:choice.target", "run:jobType", "config:draft.k", "config:sampling.temperature",
+               "config:choice.data", "summary:alpha", "summary:tau", "summary:speedup", "summary:speedup_ci95_lo",
+               "summary:speedup_ci95_hi", "summary:realized_over_predicted"]
 
 
 def per_category_bars(metric: str) -> wr.CustomChart:

@@ -25,7 +25,8 @@ from specexp.runtime.decoder import existing_decoder
 from specexp.runtime.int8 import Int8WeightLinear
 from specexp.runtime.matmul import MatmulPlans, apply_plan
 
-COMPILE_BACKENDS = ("inductor", "eager", "aot_eager")  # torch.compile's: code generated, the capture alone, and autograd's
+# torch.compile's: code generated, the capture alone, and autograd's
+COMPILE_BACKENDS = ("inductor", "eager", "aot_eager")
 
 
 def round_rows(batch_size: int, k: int) -> list[int]:
@@ -76,7 +77,8 @@ class HFRuntime:
                 rows = set(rows) | {bucket(m) for m in rows}
             planned = sorted(m for m in rows if m <= self.max_planned_rows)
             models = [target.model, *draft_models(drafter)]
-            record |= apply_plan(with_decoders(models), MatmulPlans(cache_root() / "plans", target.model.device), planned)
+            record |= apply_plan(with_decoders(models), MatmulPlans(cache_root() / "plans", target.model.device),
+                                 planned)
         return PreparedRuntime(forward, record)
 
 

@@ -204,7 +204,8 @@ class CompiledDecoder:
         allowed = full_capacity_mask(valid, slots) if mask is None else mask
         hidden = d.embed(inputs) if embed else inputs
         taps = dict.fromkeys(j - 1 for j in hidden_layers if 0 < j)
-        out = d.run_layers(hidden, layers, FullCapacityWriter(keys, values, slots), None, position_ids, taps, mask=allowed)
+        out = d.run_layers(hidden, layers, FullCapacityWriter(keys, values, slots), None, position_ids, taps,
+                           mask=allowed)
         states = tuple(hidden if j == 0 else rms_norm(d.norm, out) if j == d.n_layers else taps[j - 1]
                        for j in hidden_layers)
         return (d.logits(out) if head else out), states
@@ -250,9 +251,11 @@ class CompiledDecoder:
                  position_ids: torch.Tensor | None = None, cache=None, logits_to_keep: int = 1,
                  hidden_layers: tuple[int, ...] = (), mask: torch.Tensor | None = None, **_) -> SimpleNamespace:
         if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(input_ids.shape[0], -1)
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(
+                input_ids.shape[0], -1)
         hidden_layers = tuple(hidden_layers)
-        compiled = self._run(cache, input_ids, position_ids, None, mask, range(self.n_layers), True, True, hidden_layers)
+        compiled = self._run(cache, input_ids, position_ids, None, mask, range(self.n_layers), True, True,
+                             hidden_layers)
         if compiled is None:
             return self.decoder(input_ids, attention_mask, position_ids, cache, logits_to_keep, hidden_layers, mask)
         logits, states = compiled
@@ -270,11 +273,13 @@ class StepCompiler:
         self.decoders: dict[int, tuple[str, CompiledDecoder]] = {}  # id(lean decoder) -> (role, its compiled one)
         self.calls: dict[str, list[int]] = {}  # role -> [compiled calls] of its functions
         self.graphs_at_timing: int | None = None  # graphs compiled in this process when timing began
-        # a greedy round's verify and commit (engine.settle), fused; without CUDA graphs: it reads the decode's own tensors
+        # a greedy round's verify and commit (engine.settle), fused; without CUDA graphs: it reads the decode's
+        # own tensors
         self.settle = self.function(settle, "verify", cuda_graphs=False)
 
     def decoder(self, decoder: LeanDecoder | CompiledDecoder, role: str) -> CompiledDecoder:
-        """The decoder's compiled steps (the same object for the same decoder: a shared early exit runs the target's)."""
+        """The decoder's compiled steps (the same object for the same decoder: a shared early exit runs
+        the target's)."""
         if id(decoder) in {id(c) for _, c in self.decoders.values()}:
             return decoder
         if id(decoder) not in self.decoders:
@@ -307,7 +312,8 @@ class StepCompiler:
             for parents in [None] + ([torch.full((B, K), -1, device=device)] if tree and K else []):
                 zeros = torch.zeros(B, dtype=torch.long, device=device)
                 self.settle(torch.zeros(B, K, dtype=torch.long, device=device), parents,
-                            torch.zeros(B, K, vocab_size, device=device), torch.zeros(B, K + 1, dtype=torch.long, device=device),
+                            torch.zeros(B, K, vocab_size, device=device),
+                            torch.zeros(B, K + 1, dtype=torch.long, device=device),
                             greedy_verify, zeros, zeros.bool(), zeros, eos, torch.tensor(1, device=device))
 
     def timing_begins(self) -> None:
@@ -322,7 +328,8 @@ class StepCompiler:
         reduce-overhead it should stay 0)."""
         from torch._dynamo.utils import counters  # imported here: torch._dynamo is slow to import
 
-        while_timing = None if self.graphs_at_timing is None else counters["stats"]["unique_graphs"] - self.graphs_at_timing
+        while_timing = (None if self.graphs_at_timing is None
+                        else counters["stats"]["unique_graphs"] - self.graphs_at_timing)
         passes: dict[str, int] = {}
         for role, compiled in self.decoders.values():
             passes[role] = passes.get(role, 0) + compiled.compiled_passes

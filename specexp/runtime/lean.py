@@ -41,12 +41,14 @@ class LeanRuntime(HFRuntime):
     def __post_init__(self):
         super().__post_init__()
         if self.fuse_projections not in (True, False, "auto"):
-            raise UserInputError(f"runtime.fuse_projections={self.fuse_projections} is not allowed; use true, false or auto")
+            raise UserInputError(f"runtime.fuse_projections={self.fuse_projections} is not allowed; "
+                                 f"use true, false or auto")
         if self.compile_backend not in COMPILE_BACKENDS:
             raise UserInputError(f"runtime.compile_backend={self.compile_backend} is not allowed; choose one of "
                                  f"{', '.join(COMPILE_BACKENDS)}")
         if self.compile_max_tokens < 1:
-            raise UserInputError(f"runtime.compile_max_tokens={self.compile_max_tokens} is not allowed; it must be >= 1")
+            raise UserInputError(f"runtime.compile_max_tokens={self.compile_max_tokens} is not allowed; "
+                                 f"it must be >= 1")
 
     def prepare(self, target: LoadedModel, drafter: Drafter | None, rows: Iterable[int]) -> PreparedRuntime:
         """As runtime=hf's, then (fuse_projections=auto) fused or separate projections, whichever

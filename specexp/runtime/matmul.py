@@ -69,7 +69,8 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
     name = fields.get("model name") or platform.processor() or platform.machine()
-    family = f" family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields and "model" in fields else ""
+    family = (f" family {fields['cpu family']} model {fields['model']}"
+              if "cpu family" in fields and "model" in fields else "")
     vector = ",".join(f for f in VECTOR_FLAGS if f in flags)
     return f"{name}{family}" + (f" [{vector}]" if vector else "")
 
@@ -220,7 +221,8 @@ class MatmulPlans:
                 int8.setdefault(key, {})[str(m)] = time_int8(unique[key], m)
             if missing:
                 self._write(plan)
-        return {key: sum(int8[key][str(m)] for m in rows) < sum(min(plan["timings"][key][str(m)].values()) for m in rows)
+        return {key: (sum(int8[key][str(m)] for m in rows)
+                      < sum(min(plan["timings"][key][str(m)].values()) for m in rows))
                 for key in unique}
 
 

@@ -144,7 +144,8 @@ def acceptance_intervals(spec_rounds: pd.DataFrame, k: int, rng: np.random.Gener
         tau, tau_why = None, "no draft tokens: tau is 1 by construction"
     curve = [over_units(sums["position_accepted"][:, i], sums["position_reached"][:, i], proportion_interval)
              for i in range(k)]
-    notes = {"alpha": alpha_why, "tau": tau_why} | {f"acceptance_curve[{i + 1}]": why for i, (_, why) in enumerate(curve)}
+    notes = {"alpha": alpha_why, "tau": tau_why} | {f"acceptance_curve[{i + 1}]": why
+                                                    for i, (_, why) in enumerate(curve)}
     return {"alpha_ci95": alpha, "tau_ci95": tau, "acceptance_curve_ci95": [ci for ci, _ in curve],
             "interval_notes": {key: why for key, why in notes.items() if why is not None}}
 

@@ -72,9 +72,11 @@ def predict_pair(cfg: DictConfig, target_name: str, draft_name: str) -> list[dic
     device = study.target.model.device
     generator = torch.Generator(device).manual_seed(study.seed)
     rounds = {key: ReplayedRounds() for key in replays}
-    for first in tqdm(range(0, len(refs), REPLAY_ROWS), desc=f"{target_name} x {draft_name}", unit="batch", leave=False):
+    for first in tqdm(range(0, len(refs), REPLAY_ROWS), desc=f"{target_name} x {draft_name}", unit="batch",
+                      leave=False):
         prompts, continuations = study.encoded[first : first + REPLAY_ROWS], refs[first : first + REPLAY_ROWS]
-        probs, features = zip(*(teacher_forced(study.target.model, ids, ref, study.sampling, drafter.traits.hidden_layers)
+        probs, features = zip(*(teacher_forced(study.target.model, ids, ref, study.sampling,
+                                               drafter.traits.hidden_layers)
                                 for ids, ref in zip(prompts, continuations, strict=True)), strict=True)
         for key, (replayed, k) in replays.items():
             q_along = (replayed.q_along(prompts, continuations, study.sampling)  # q on R's own prefix (MarkovChain)
@@ -89,7 +91,8 @@ def predict_pair(cfg: DictConfig, target_name: str, draft_name: str) -> list[dic
         at_k = rounds.get(k, rounds[None])
         priced = (price_replayed(at_k, k, study, context, prompt_length) if study.profile is not None
                   else {"predicted_tau": None, "predicted_speedup": None, "predicted_speedup_ci95": None})
-        rows.append({"target": target_name, "draft": draft_name, "data": cfg.data.get("_target_", "").rsplit(".", 1)[-1],
+        rows.append({"target": target_name, "draft": draft_name,
+                     "data": cfg.data.get("_target_", "").rsplit(".", 1)[-1],
                      "temperature": study.sampling.temperature, "k": k, "predicted_alpha": alpha(at_k, k),
                      "predicted_acceptance_pos1": acceptance_curve(at_k, max(k, 1))[0], **priced,
                      "rounds": len(at_k.run), "replayed_at_k": k in rounds,
@@ -106,7 +109,8 @@ def price_replayed(rounds: ReplayedRounds, k: int, study: Study, context: float,
     """The cost model's tau and speedup of the replayed rounds at K = k, each round priced with its own
     proposal length (cost_model.round_yields), and a 95% percentile interval of the speedup over
     prompts drawn with replacement (None from one prompt)."""
-    tokens, target_s = round_yields(rounds.run, np.asarray(rounds.proposed), k, study.profile, study.draft_profile, context)
+    tokens, target_s = round_yields(rounds.run, np.asarray(rounds.proposed), k, study.profile, study.draft_profile,
+                                    context)
     prompt = np.asarray(rounds.prompt)
 
     def speedup(tokens_per_round, target_s_per_round):

@@ -43,7 +43,8 @@ class ReplayedRounds:
     run: list[np.ndarray] = field(default_factory=list)  # [R] of [d_r]: P(depths 1..i accepted), i = 1..d_r
     proposed: list[int] = field(default_factory=list)  # [R]: tokens the round proposed (d_r <= it: R's end cuts)
     prompt: list[int] = field(default_factory=list)  # [R]: the prompt (its index in the replay) of the round
-    draft_s: list[float] = field(default_factory=list)  # seconds of each propose call (one per round of the whole batch)
+    # seconds of each propose call (one per round of the whole batch)
+    draft_s: list[float] = field(default_factory=list)
 
     def extend(self, other: "ReplayedRounds", first_prompt: int = 0) -> None:
         """Add ``other``'s rounds, its prompts numbered from ``first_prompt``."""
@@ -208,5 +209,7 @@ def draft_along(drafter: Drafter, prompts: list[list[int]], references: list[lis
                 along[b] = torch.zeros(len(references[b]), proposal.probs.shape[-1], device=device)
             if proposal.probs.shape[1]:
                 along[b][int(committed[b])] = proposal.probs[b, 0]
-        committed = advance_along(drafter, ctx, proposal, committed, torch.zeros_like(committed), stop)  # R's next token
-    return [a if a is not None else torch.zeros(len(r), 1, device=device) for a, r in zip(along, references, strict=True)]
+        # R's next token
+        committed = advance_along(drafter, ctx, proposal, committed, torch.zeros_like(committed), stop)
+    return [a if a is not None else torch.zeros(len(r), 1, device=device)
+            for a, r in zip(along, references, strict=True)]

@@ -26,10 +26,10 @@ from specexp.core.interface import Drafter
 from specexp.core.k_policy import KPolicy
 from specexp.core.sampling import SamplingConfig
 from specexp.costs.hardware_profile import PROFILED_K, Profile, draft_key, ensure_profile, load_profile
-from specexp.costs.k_choice import make_policy
 from specexp.data import Prompt, encode_prompts
 from specexp.drafts.build import build_draft
 from specexp.errors import UserInputError
+from specexp.k_policy import make_policy
 from specexp.models import LoadedModel
 from specexp.runtime import round_rows
 from specexp.runtime.compiled import CompiledDecoder, StepCompiler, full_pass
@@ -76,7 +76,8 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
     sampling = instantiate(cfg.sampling)
     prompts = instantiate(cfg.data)
     if not prompts:
-        raise UserInputError(f"the prompt set '{cfg.data.get('_target_')}' is empty; give a set with at least one prompt")
+        raise UserInputError(f"the prompt set '{cfg.data.get('_target_')}' is empty; "
+                             f"give a set with at least one prompt")
     target = instantiate(cfg.target)
     if target.tokenizer is None:
         raise UserInputError(f"target '{target.name}' has no tokenizer; a study needs one to encode its prompts")
@@ -94,15 +95,16 @@ def prepare(cfg: DictConfig, force_profile: bool = False) -> Study:
                 f"it exceeds the target's context of {context} tokens"
             )
     study = Study(target, drafter, built.k_max, prompts, encoded, sampling, cfg.max_new_tokens, cfg.batch_size,
-                  cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record, draft_profile=draft_key(built.config),
-                  draft_name=built.name, compiled=runtime.compiled, compiler=runtime.compiler,
-                  timing=TimingSettings(**cfg.timing))
+                  cfg.batch_by_category, cfg.seed, runtime.forward, runtime.record,
+                  draft_profile=draft_key(built.config), draft_name=built.name, compiled=runtime.compiled,
+                  compiler=runtime.compiler, timing=TimingSettings(**cfg.timing))
     if drafter.traits.greedy_only and not sampling.greedy:
         raise UserInputError(f"draft={type(drafter).__name__} needs greedy decoding; set sampling=greedy "
                              f"(got temperature={sampling.temperature})")
     if drafter.traits.needs_reference:  # the oracle: the target's greedy continuations, decoded untimed
         new_tokens = max(cfg.max_new_tokens, cfg.profile.new_tokens)
-        drafter.set_reference(encoded, greedy_continuations(runtime.forward, target, encoded, new_tokens, cfg.batch_size))
+        drafter.set_reference(encoded, greedy_continuations(runtime.forward, target, encoded, new_tokens,
+                                                            cfg.batch_size))
     study.profile = study_profile(cfg, study, force_profile)
     study.k_policy = make_policy(built.policy, study.profile, study.draft_profile, drafter)
     study.k_setting = built.policy or "fixed"
@@ -266,7 +268,8 @@ def decode(study: Study, indices: list[int], with_draft: bool, seed: int, max_ne
                     compiled_settle=None if study.compiler is None else study.compiler.settle)
 
 
-def time_batch(study: Study, n: int, indices: list[int], repeat: int, policy: KPolicy | None) -> dict[bool, GenerationOutput]:
+def time_batch(study: Study, n: int, indices: list[int], repeat: int,
+               policy: KPolicy | None) -> dict[bool, GenerationOutput]:
     """One timing of both arms of batch n; the arm that leads alternates by batch and flips in every odd
     repeat, so a pass's two timings of a batch run A B, then B A (specexp.study.timing)."""
     order = (True, False) if (n + repeat) % 2 == 1 else (False, True)

@@ -175,7 +175,8 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, facts: RunFacts) -> R
     ar_step_s = ar_rounds["target_s"].mean()  # one target pass over one token
     drafted_positions = spec_rounds["k_round"].sum()
     drafted_rounds = spec_rounds[spec_rounds["k_chosen"] > 0]
-    c = metrics.safe_ratio(spec_rounds["draft_s"].sum() / max(drafted_positions, 1), ar_step_s) if drafted_positions else None
+    c = (metrics.safe_ratio(spec_rounds["draft_s"].sum() / max(drafted_positions, 1), ar_step_s)
+         if drafted_positions else None)
     run = arm_metrics(rounds, batches)
     mean_k = float(spec_rounds["k_chosen"].mean()) if len(spec_rounds) else float(k)
     predicted = {}
@@ -184,7 +185,8 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, facts: RunFacts) -> R
         predicted = cost_model.predict_run(spec, ar, first_pass, k, profile, draft) | {"profile": profile.path}
     paired = intervals.paired_timings(batches)
     acceptance_cis, speedup_ci = intervals.acceptance_intervals(spec, k), intervals.speedup_interval(paired)
-    notes = acceptance_cis.pop("interval_notes") | ({"speedup": speedup_ci["speedup_note"]} if speedup_ci["speedup_note"] else {})
+    notes = acceptance_cis.pop("interval_notes") | ({"speedup": speedup_ci["speedup_note"]}
+                                                    if speedup_ci["speedup_note"] else {})
     accepted = spec["accepted"].to_numpy()
     categories = sorted(c for c in rounds["category"].dropna().unique())
     return RunSummary(

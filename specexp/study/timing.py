@@ -41,8 +41,8 @@ class TimingSettings:
 
     def __post_init__(self):
         if self.repeats < 1 or self.max_repeats < self.repeats:
-            raise UserInputError(f"timing.repeats={self.repeats}, timing.max_repeats={self.max_repeats} are not allowed; "
-                                 "give 1 <= repeats <= max_repeats")
+            raise UserInputError(f"timing.repeats={self.repeats}, timing.max_repeats={self.max_repeats} "
+                                 "are not allowed; give 1 <= repeats <= max_repeats")
         if self.target_halfwidth is not None and self.target_halfwidth <= 0:
             raise UserInputError(f"timing.target_halfwidth={self.target_halfwidth} must be > 0 (or null)")
         if self.budget_s < 0 or self.resamples < 100:
@@ -65,7 +65,8 @@ def plan_passes(settings: TimingSettings, spread: SpeedupSpread | None, speedup:
         return pilot, "reached"
     between = speedup * math.sinh(intervals.t_quantile(spread.batches - 1) * math.sqrt(spread.between / spread.batches))
     if between > BETWEEN_MARGIN * target:
-        return pilot, "between_batches"  # the batches differ by more than the target: more prompts would help, repeats not
+        # the batches differ by more than the target: more prompts would help, repeats not
+        return pilot, "between_batches"
     affordable = pilot + (int(settings.budget_s // pass_s) if pass_s > 0 else settings.max_repeats)
     for passes in range(pilot + 1, settings.max_repeats + 1):
         if passes > affordable:
@@ -82,8 +83,8 @@ def stop_message(reason: str, settings: TimingSettings, passes: int, interval: d
         return None
     if interval["speedup_halfwidth"] <= settings.target_halfwidth:
         return None
-    got = f"speedup interval +-{interval['speedup_halfwidth']:.3f} after {passes} timing pass(es) per batch, wider than " \
-          f"timing.target_halfwidth={settings.target_halfwidth}"
+    got = f"speedup interval +-{interval['speedup_halfwidth']:.3f} after {passes} timing pass(es) per batch, " \
+          f"wider than timing.target_halfwidth={settings.target_halfwidth}"
     if reason == "between_batches" and interval.get("between_batch_halfwidth") is not None:
         why = (f"the batches themselves differ (+-{interval['between_batch_halfwidth']:.3f} with noise-free timings): "
                "more prompts (data.limit) would narrow it, more repeats would not")

@@ -152,9 +152,11 @@ class WandbTracker:
             curve_ci = summary.get("acceptance_curve_ci95") or [None] * len(summary["acceptance_curve"])
             curve = wandb.Table(columns=["position", "acceptance", "acceptance_ci95_lo", "acceptance_ci95_hi"],
                                 data=[[i + 1, a, *(ci or (None, None))] for i, (a, ci) in
-                                      enumerate(zip(summary["acceptance_curve"], curve_ci, strict=False)) if a is not None])
+                                      enumerate(zip(summary["acceptance_curve"], curve_ci, strict=False))
+                                      if a is not None])
             lengths = wandb.Table(columns=["accepted", "rounds"],
-                                  data=[[n, count] for n, count in enumerate(summary.get("accepted_length_histogram", []))])
+                                  data=[[n, count] for n, count in
+                                        enumerate(summary.get("accepted_length_histogram", []))])
             per_category = wandb.Table(columns=["category", "alpha", "tau", "speedup"], data=[
                 [cat, v["alpha"], v["tau"], v["speedup"]] for cat, v in (summary.get("per_category") or {}).items()])
             sample = rounds.sample(min(len(rounds), self.max_table_rows), random_state=0) if len(rounds) else rounds
@@ -162,7 +164,8 @@ class WandbTracker:
                       *divergence_columns(a.get("divergence"))] for a in answers]
             # History rows that let panels draw lines across runs (specexp.reporting.workspace): one with the
             # headline numbers at x = k, then one per draft position at x = position.
-            self.run.log({"k": summary["k"], **{key: summary[key] for key in HEADLINE_KEYS if summary.get(key) is not None},
+            self.run.log({"k": summary["k"],
+                          **{key: summary[key] for key in HEADLINE_KEYS if summary.get(key) is not None},
                           **interval_keys(summary)})
             for position, acceptance, lo, hi in curve.data:
                 self.run.log({"position": position, "acceptance": acceptance,
@@ -175,7 +178,8 @@ class WandbTracker:
                 "accepted_length_plot": wandb.plot.bar(lengths, "accepted", "rounds",
                                                        title="rounds by draft tokens accepted (a tree's: path depth)"),
                 "per_category": per_category,
-                "speedup_per_category": wandb.plot.bar(per_category, "category", "speedup", title="speedup per category"),
+                "speedup_per_category": wandb.plot.bar(per_category, "category", "speedup",
+                                                       title="speedup per category"),
                 "rounds_sample": wandb.Table(dataframe=sample),
                 "samples": wandb.Table(columns=["prompt_id", "category", "spec_text", "ar_text", "identical",
                                                 "first_divergence", "gap_rounding_steps"],

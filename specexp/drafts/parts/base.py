@@ -26,7 +26,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def check_k(k: int) -> None:
     if k < 1:
-        raise UserInputError(f"draft.k={k} is not allowed; K must be an integer >= 1 (or 0: never propose, the A/A control)")
+        raise UserInputError(f"draft.k={k} is not allowed; "
+                             f"K must be an integer >= 1 (or 0: never propose, the A/A control)")
 
 
 def check_min_confidence(min_confidence: float) -> None:

@@ -104,7 +104,8 @@ class TreeRegion:
         above = self.seen.gather(1, parent_entry[..., None].expand(-1, -1, F))
         above = above & (parents >= 0)[..., None]  # [B, e, F]: a root child sees no fed node
         self.seen = torch.cat([torch.cat([self.seen, torch.zeros(B, F, e, dtype=torch.bool, device=device)], 2),
-                               torch.cat([above, torch.eye(e, dtype=torch.bool, device=device).expand(B, -1, -1)], 2)], 1)
+                               torch.cat([above, torch.eye(e, dtype=torch.bool, device=device).expand(B, -1, -1)], 2)],
+                              1)
         self.slots.scatter_(1, nodes, F + torch.arange(e, device=device).expand(B, -1))
         return self.seen[:, F:]
 
@@ -127,7 +128,8 @@ def grow_tree(root_raw: torch.Tensor, root_q: torch.Tensor, expand: Expand, bran
         level_raw, level_q = expand(nodes, tokens.gather(1, nodes), parents.gather(1, nodes), level - 1)
         c_tokens, c_probs, c_raw = draw_children(level_raw, level_q, counts[0], sampling, generator)
         keep = [(i, j) for i, count in enumerate(counts) for j in range(count)]  # best parent's children first
-        which, child = torch.tensor([i for i, _ in keep], device=device), torch.tensor([j for _, j in keep], device=device)
+        which, child = (torch.tensor([i for i, _ in keep], device=device),
+                        torch.tensor([j for _, j in keep], device=device))
         c_parents = nodes[:, which]  # [B, m]
         c_valid = (c_probs[:, which, child].sum(-1) > 0) & valid.gather(1, c_parents)
         c_score = score.gather(1, c_parents) + c_raw[:, which, child].clamp_min(1e-30).log()

@@ -59,13 +59,15 @@ def read_folder(folder: str | Path) -> Eagle3Folder:
     speculators = config.get("speculators_model_type") == "eagle3"
     if not speculators and EAGLE_ARCHITECTURE not in (config.get("architectures") or []):
         raise UserInputError(f"'{folder}' is not an EAGLE-3 head: its config.json has neither speculators_model_type: "
-                             f"eagle3 (the speculators format) nor architectures [{EAGLE_ARCHITECTURE}] (EAGLE / SpecForge)")
+                             f"eagle3 (the speculators format) nor architectures [{EAGLE_ARCHITECTURE}] "
+                             f"(EAGLE / SpecForge)")
     weights = {}
     for file in weight_files(folder):
         weights |= load_file(file)
     if speculators:
         method = next(iter(config.get("speculators_config", {}).get("proposal_methods") or [{}]))
-        return Eagle3Folder(layer_config=config["transformer_layer_config"], draft_vocab_size=config["draft_vocab_size"],
+        return Eagle3Folder(layer_config=config["transformer_layer_config"],
+                            draft_vocab_size=config["draft_vocab_size"],
                             aux_layers=tuple(config["eagle_aux_hidden_state_layer_ids"])
                             if config.get("eagle_aux_hidden_state_layer_ids") else None,
                             target_hidden_size=config.get("target_hidden_size"),

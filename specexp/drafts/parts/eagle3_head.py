@@ -51,7 +51,8 @@ def layer_config(target: LoadedModel, intermediate_size: int | None = None) -> L
     """The head's decoder layer shaped as one of the target's (its width, heads, norms and rotation)."""
     text = target.model.config.get_text_config()
     return LlamaConfig(
-        vocab_size=text.vocab_size, hidden_size=text.hidden_size, intermediate_size=intermediate_size or text.intermediate_size,
+        vocab_size=text.vocab_size, hidden_size=text.hidden_size,
+        intermediate_size=intermediate_size or text.intermediate_size,
         num_hidden_layers=1, num_attention_heads=text.num_attention_heads, num_key_value_heads=text.num_key_value_heads,
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
         rms_norm_eps=text.rms_norm_eps, max_position_embeddings=text.max_position_embeddings,
@@ -72,15 +73,16 @@ class Eagle3Head(EagleSteps):
                  norm_output: bool = False, own_embedding: bool = False, verifier: dict | None = None):
         n_layers = target.model.config.get_text_config().num_hidden_layers
         hidden_layers = tuple(hidden_layers) if hidden_layers is not None else eagle3_layers(n_layers)
-        draft_vocab = draft_vocab or DraftVocab(list(range(target.vocab_size)), target.vocab_size, vocab_fingerprint(target))
+        draft_vocab = draft_vocab or DraftVocab(list(range(target.vocab_size)), target.vocab_size,
+                                                vocab_fingerprint(target))
         super().__init__(target, hidden_layers, draft_vocab)
         if norm_before_fc and fc_norm:
             raise UserInputError("norm_before_fc and fc_norm are exclusive: one RMSNorm over the fused states, or one "
                                  "per layer")
         self.config = config or layer_config(target)
         H, H_t, n_aux = self.config.hidden_size, self.hidden_size, len(hidden_layers)
-        self.flags = {"norm_before_residual": norm_before_residual, "norm_before_fc": norm_before_fc, "fc_norm": fc_norm,
-                      "norm_output": norm_output}
+        self.flags = {"norm_before_residual": norm_before_residual, "norm_before_fc": norm_before_fc,
+                      "fc_norm": fc_norm, "norm_output": norm_output}
         if norm_before_fc:
             self.input_norm = LlamaRMSNorm(n_aux * H_t, eps=self.config.rms_norm_eps)
         if fc_norm:
@@ -101,7 +103,8 @@ class Eagle3Head(EagleSteps):
                                      "architectures": list(getattr(target.model.config, "architectures", None) or [])}
         self.speculative_tokens = 3  # the proposal length a server runs it at (speculators' speculative_tokens)
         with torch.no_grad():  # starts as the target's own head and norm, rows cut to the draft vocabulary
-            self.lm_head.weight.copy_(restrict_rows(target.model.get_output_embeddings().weight, draft_vocab)[: draft_vocab.size])
+            self.lm_head.weight.copy_(restrict_rows(target.model.get_output_embeddings().weight,
+                                                    draft_vocab)[: draft_vocab.size])
             self.norm.weight.copy_(target.model.get_decoder().norm.weight.detach().float())
         self.to(device=target.model.device, dtype=target.model.dtype)
 
@@ -158,7 +161,8 @@ class Eagle3Head(EagleSteps):
         default = self.hidden_layers == eagle3_layers(n_layers)
         return Eagle3Folder(layer_config=self.config.to_dict(), draft_vocab_size=self.draft_vocab.size,
                             aux_layers=None if default else self.hidden_layers,
-                            target_hidden_size=None if self.hidden_size == self.config.hidden_size else self.hidden_size,
+                            target_hidden_size=(None if self.hidden_size == self.config.hidden_size
+                                                else self.hidden_size),
                             flags=dict(self.flags), verifier=self.verifier, speculative_tokens=self.speculative_tokens)
 
     def save(self, folder: str | Path, embedding: bool = True) -> None:
@@ -181,7 +185,8 @@ class Eagle3Head(EagleSteps):
         folder = Path(folder).expanduser()
         found = read_folder(folder)
         check_against(found, folder, target)
-        config = LlamaConfig(**{k: v for k, v in found.layer_config.items() if k not in ("architectures", "model_type")})
+        config = LlamaConfig(**{k: v for k, v in found.layer_config.items()
+                                if k not in ("architectures", "model_type")})
         config.num_hidden_layers, config.tie_word_embeddings = 1, False
         n_layers = target.model.config.get_text_config().num_hidden_layers
         layers = found.aux_layers or eagle3_layers(n_layers)
@@ -189,7 +194,8 @@ class Eagle3Head(EagleSteps):
         vocab = DraftVocab.from_offsets(d2t, target.vocab_size, vocab_fingerprint(target)) if d2t is not None else None
         embedding = found.weights.get("embed_tokens.weight")
         shared = target.model.get_input_embeddings().weight
-        own = embedding is not None and not (embedding.shape == shared.shape and torch.equal(embedding.to(shared), shared))
+        own = embedding is not None and not (embedding.shape == shared.shape
+                                             and torch.equal(embedding.to(shared), shared))
         head = cls(target, layers, vocab, config, **found.flags, own_embedding=own, verifier=found.verifier)
         expected = set(head.state_dict())
         weights = {k: v for k, v in found.weights.items() if k in expected}  # t2d / d2t of a full vocabulary aside

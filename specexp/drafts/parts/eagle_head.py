@@ -69,7 +69,8 @@ class EagleSteps(FeatureHead):
         return [Prediction(f"step{j}", logits[:, j - 1 :], j, 1 / len(steps), h[:, j - 1 :])
                 for j, (logits, h) in enumerate(steps, start=1)]
 
-    def unrolled(self, tokens: torch.Tensor, features: torch.Tensor, steps: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def unrolled(self, tokens: torch.Tensor, features: torch.Tensor,
+                 steps: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Training: the head over a whole sequence (tokens [B, T], the target's features [B, T, F]),
         ``steps`` times; step j's entry at t reads step j-1's output at t-1 instead of the target's
         features and attends as drafting step j would (unrolled_mask). Returns per step (logits

@@ -94,7 +94,8 @@ class ExitHead(nn.Module):
             raise DraftDoesNotApply(f"exit head '{folder}' was trained for another target (hidden size "
                                  f"{config['hidden_size']}, {config['vocab_fingerprint']}); '{target.name}' has "
                                  f"{hidden_size} and {fingerprint}")
-        head = cls.trainable(decoder, config["exit_layer"], config["adapter_size"], DraftVocab.load(folder), fingerprint)
+        head = cls.trainable(decoder, config["exit_layer"], config["adapter_size"], DraftVocab.load(folder),
+                             fingerprint)
         head.load_state_dict(load_file(folder / HEAD_WEIGHTS))
         return head.to(target.model.device, target.model.dtype).eval()
 
@@ -107,7 +108,8 @@ def target_decoder(model: nn.Module) -> LeanDecoder:
         raise UserInputError(f"early exit needs a Llama-shaped target: {e}") from None
 
 
-@declares_forward(ForwardTraits(cache="static"))  # core.kv.new_ragged_kv: its layers run through the target's lean decoder
+# core.kv.new_ragged_kv: its layers run through the target's lean decoder
+@declares_forward(ForwardTraits(cache="static"))
 class EarlyExitModel(nn.Module):
     """The target's layers 0..L-1 and an exit head, as a causal LM with the call signature the
     engine's KV cache and the distillation module use.
@@ -154,7 +156,8 @@ def exit_head_student(target: LoadedModel, exit_layer: int, adapter_size: int = 
                       draft_vocab: DraftVocab | None = None) -> LoadedModel:
     """A distillation student (`student=exit_head`): a trainable head over the frozen target's
     layer-`exit_layer` hidden states; `python -m specexp.distill` exports it as a head folder."""
-    head = ExitHead.trainable(target_decoder(target.model), exit_layer, adapter_size, draft_vocab, vocab_fingerprint(target))
+    head = ExitHead.trainable(target_decoder(target.model), exit_layer, adapter_size, draft_vocab,
+                              vocab_fingerprint(target))
     model = EarlyExitModel(target.model, head, target_space_logits=False)
     return LoadedModel(model=model.train(), tokenizer=target.tokenizer, name=f"exit-head-L{exit_layer}",
                        draft_vocab=draft_vocab, as_student=StudentTraits(generates=False, reads_target_ids=True,

@@ -46,7 +46,8 @@ class MedusaHeads(FeatureHead):
         if len(self.hidden_layers) != 1:
             raise UserInputError(f"Medusa heads read one layer's state; hidden_layers={list(self.hidden_layers)}")
         if n_heads < 1 or n_blocks < 1:
-            raise UserInputError(f"student.n_heads={n_heads}, student.n_blocks={n_blocks} are not allowed; both must be >= 1")
+            raise UserInputError(f"student.n_heads={n_heads}, student.n_blocks={n_blocks} are not allowed; "
+                                 f"both must be >= 1")
         self.n_heads, self.n_blocks = n_heads, n_blocks
         self.blocks = nn.ModuleList(nn.Sequential(*(ResidualBlock(self.hidden_size) for _ in range(n_blocks)))
                                     for _ in range(n_heads))
@@ -67,8 +68,8 @@ class MedusaHeads(FeatureHead):
         """features [..., H] -> logits [..., heads, C] of the first ``heads`` heads (all by default)."""
         features = features.to(self.dtype)
         head = self.lm_head if self.lm_head is not None else self._target_head[0]  # the target's may be bf16
-        return torch.stack([head(block(features).to(head.weight.dtype)) for block in self.blocks[: heads or self.n_heads]],
-                           dim=-2)
+        return torch.stack([head(block(features).to(head.weight.dtype))
+                            for block in self.blocks[: heads or self.n_heads]], dim=-2)
 
     def predictions(self, input_ids: torch.Tensor, features: torch.Tensor) -> list[Prediction]:
         """Head i over the features at t = 0..T-2-i predicts the teacher's positions 1+i..T-1."""

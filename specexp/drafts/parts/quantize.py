@@ -30,7 +30,8 @@ QUANTIZE_SCHEMES = ("int8", "auto")  # null = the draft's own weights; auto = me
 def resolve_quantize(scheme: str | None, device: torch.device) -> str | None:
     """The scheme a draft on ``device`` runs with (auto: measured on a CPU, None elsewhere)."""
     if scheme is not None and scheme not in QUANTIZE_SCHEMES:
-        raise UserInputError(f"draft.quantize={scheme} is not allowed; use null or one of {', '.join(QUANTIZE_SCHEMES)}")
+        raise UserInputError(f"draft.quantize={scheme} is not allowed; "
+                             f"use null or one of {', '.join(QUANTIZE_SCHEMES)}")
     if scheme == "auto":
         return "auto" if device.type == "cpu" else None
     if scheme is not None and device.type != "cpu":

@@ -80,6 +80,6 @@ def check_overlap(mapping: VocabMap, floor: float, draft_name: str, target_name:
     """A pair whose vocabularies share almost nothing gains nothing from drafting: one line, not a slow run."""
     if mapping.overlap < floor:
         raise UserInputError(
-            f"vocabulary overlap {mapping.overlap:.3f} between draft '{draft_name}' and target '{target_name}' is below "
-            f"draft.min_overlap={floor} (the share of the draft's tokens the target spells the same); pick a draft "
-            f"closer to the target's tokenizer or lower draft.min_overlap")
+            f"vocabulary overlap {mapping.overlap:.3f} between draft '{draft_name}' and target '{target_name}' "
+            f"is below draft.min_overlap={floor} (the share of the draft's tokens the target spells the same); "
+            f"pick a draft closer to the target's tokenizer or lower draft.min_overlap")

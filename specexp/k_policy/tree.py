@@ -16,19 +16,11 @@ from collections.abc import Callable
 import numpy as np
 
 from specexp.core.interface import Context, Proposal, RoundSeen
-from specexp.core.k_policy import prior_curve
+from specexp.core.metrics import slot_counts
+from specexp.k_policy.acceptance import prior_curve
 
 
-def slot_counts(n_proposed: np.ndarray, path: np.ndarray, active: np.ndarray, n_slots: int) -> tuple[np.ndarray, ...]:
-    """Summed over the active rows, per slot 0..n_slots-1: whether it was in the row's tree
-    (n_proposed [B]) and whether it was on the accepted path (path [B, D] node indices, -1 after)."""
-    reached = (np.arange(n_slots)[None, :] < n_proposed[active][:, None]).sum(0)
-    on_path = path[active]
-    accepted = np.bincount(on_path[(on_path >= 0) & (on_path < n_slots)], minlength=n_slots)
-    return reached.astype(float), accepted.astype(float)
-
-
-class TreeK:
+class PricedTreeK:
     """Each round's node budget (0: no draft) maximises expected tokens per second: 1 + the summed
     slot rates of the first N slots, over the round's priced seconds. Slot rates are counted over
     the run, started from the draft's slot rates in the hardware profile (its own short decodes,
