@@ -1,4 +1,4 @@
-"""How often the study's 95% intervals hold the truth, on the synthetic studies tests/test_intervals.py
+"""How often the study's 95% intervals hold the truth, on the synthetic studies tests/study/test_intervals.py
 draws (issue 49): the record of the figures the README and the issue quote.
 
   python benchmarks/interval_coverage.py [--studies 2000] [--out benchmarks/interval_coverage.md]
@@ -25,7 +25,7 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the tests' simulators
 from specexp.study import intervals, timing  # noqa: E402
 from specexp.study.timing import TimingSettings  # noqa: E402
-from tests.test_intervals import heterogeneous_study, percentile_bootstrap, two_stage_study  # noqa: E402
+from tests.study.test_intervals import heterogeneous_study, percentile_bootstrap, two_stage_study  # noqa: E402
 
 
 def coverage(hits: int, n: int) -> str:
@@ -100,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     lines = report_header("Coverage of the study's 95% intervals on synthetic studies")
     lines += ["Share of simulated studies whose 95% interval held the true value, with its binomial 95%",
-              "interval (the designs of tests/test_intervals.py, which bound these shares).", "",
+              "interval (the designs of tests/study/test_intervals.py, which bound these shares).", "",
               "## Speedup over heterogeneous batches", "", *speedup_rows(args.studies), "",
               "## alpha and tau over heterogeneous prompts", "", *acceptance_rows(args.studies), "",
               "## The timing plan against stopping when the interval looks narrow", "",

@@ -20,11 +20,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 OFFLINE_WANDB = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 # What pytest and libraries set in a test process's environment as their own state, not a user's setting, so
-# not part of a command's: the test's name (pytest), the seed of seed_everything (Lightning), the address of a
-# function compiled kernels call (inductor), the port of the service a run started (W&B). Counted in, one
-# in-process fit or compile sent each later command of that worker to a new interpreter (47 in a run).
-PROCESS_STATE = ("PYTEST_CURRENT_TEST", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
-                 "WANDB_SERVICE")
+# not part of a command's: the test's name (pytest), the seed of seed_everything and the CUDA check importing
+# Lightning sets, the address of a function compiled kernels call (inductor), the port of the service a run
+# started (W&B). Counted in, each would send every later command of that worker to a new interpreter.
+PROCESS_STATE = ("PYTEST_CURRENT_TEST", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PYTORCH_NVML_BASED_CUDA_CHECK",
+                 "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", "WANDB_SERVICE")
 
 
 def default_env() -> dict[str, str]:

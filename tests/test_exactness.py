@@ -163,7 +163,7 @@ def verify_with_broken_residual(draft_tokens, parents, draft_probs, target_probs
     ("early_exit_shared", 3, "t1", "eager"), ("medusa", 3, "t1", "eager")])
 def test_compiled_draft_steps_sample_the_target(pair, kind, k, sampling_name, backend):
     """runtime.compile=true: the same test with the target's and the draft's steps compiled (inductor's
-    generated code for a small LM; dynamo's capture alone for the others, tests/test_compiled.py)."""
+    generated code for a small LM; dynamo's capture alone for the others, tests/runtime/test_compiled.py)."""
     p_value, tvd, _ = check_case(pair, kind, k, sampling_name, compile_backend=backend)
     assert p_value > P_VALUE_THRESHOLD, (f"{kind} K={k} {sampling_name} compiled: p = {p_value:.2e} "
                                          f"(detects TVD >= {tvd:.3f})")

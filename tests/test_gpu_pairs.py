@@ -1,7 +1,7 @@
 """benchmarks/gpu_pairs.py at toy shapes on the CPU: the device benchmark's whole path (random Llamas
 built from configs, the target's and the draft's steps compiled, the oracle at set alphas running
 the draft model for its cost, realized and analytic speedups) runs in every suite, so it cannot rot
-before a device is lent. backend=eager keeps it to seconds (tests/test_compiled.py generates code)."""
+before a device is lent. backend=eager keeps it to seconds (tests/runtime/test_compiled.py generates code)."""
 
 import json
 import subprocess

@@ -80,7 +80,7 @@ def greedy_verify(
     target_ids: torch.Tensor,  # [B, N+1] long: argmax p at the root (0) and after node i (i+1)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`tree_verify` when every p is one-hot (greedy), from p's hot ids: the same path, n_accepted and
-    next token (tests/test_tree_verify.py checks both agree). With p one-hot at a, a node is accepted
+    next token (tests/core/test_tree_verify.py checks both agree). With p one-hot at a, a node is accepted
     with probability min(1, p(x) / q(x)) = 1 if x == a and q(x) > 0, else 0; a rejected sibling's
     residual max(p - q, 0) keeps all its mass at a (q(a) < 1 when x != a), so the walk follows the
     first proposed child that is a and the next token is a where it ends. The path is N wide."""

@@ -90,7 +90,7 @@ class SharedEarlyExitDrafter:
 
     def standalone(self) -> Drafter:
         """The same layers and head with a cache of their own (mode=naive): the same drafts, for a
-        replay that runs no target pass (tests/test_early_exit.py checks they are the same)."""
+        replay that runs no target pass (tests/drafts/test_early_exit.py checks they are the same)."""
         return naive_early_exit(self.target, self.head, self.traits.k_max)
 
 

@@ -16,7 +16,7 @@ features). Llama-shaped decoders take it (Llama, SmolLM2, Mistral without a slid
 Qwen2, Qwen3) and Gemma3's text decoder (its scaled embedding and (1 + w) norms are its own
 modules; here: the q/k norms, the norms around attention and MLP, a rotation per layer type, and
 the sliding-window layers' mask, taken over each row's positions so ragged caches stay exact);
-`runtime=hf` keeps transformers' forward for any other and is the reference tests/test_decoder.py
+`runtime=hf` keeps transformers' forward for any other and is the reference tests/runtime/test_decoder.py
 checks it against.
 """
 

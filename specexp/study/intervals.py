@@ -14,7 +14,7 @@ of freedom fewer than units, on a scale where the ratio is close to normal:
   freedom adjusted to the units' (a standard for proportions over clustered samples).
 
 A percentile bootstrap over 4-8 units covers 76-88% (the issue's synthetic studies); these cover
-94-95% at 2 to 32 batches (tests/test_intervals.py). Below MIN_UNITS units a number gets no
+94-95% at 2 to 32 batches (tests/study/test_intervals.py). Below MIN_UNITS units a number gets no
 interval, and `interval_notes` says why, never a zero-width one.
 
 The speedup's timing passes may stop at a target half-width (specexp.study.timing): the passes

@@ -12,7 +12,7 @@ seeds and K-policy state, so identical work is timed again.
 The passes after the pilot are planned from the pilot alone and then all timed: Stein's two-stage
 design. Looking at the interval after every pass and stopping once it looked narrow would stop
 where its width was underestimated (coverage 0.89-0.91 for a nominal 0.95 in
-tests/test_intervals.py's simulation); with the plan and the pilot's variance the interval of all
+tests/study/test_intervals.py's simulation); with the plan and the pilot's variance the interval of all
 passes holds its level.
 """
 

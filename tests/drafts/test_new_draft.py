@@ -16,8 +16,8 @@ import pytest
 from tests.commands import default_env, run_module
 from tests.conftest import tiny_model
 from tests.drafters import config_builder
+from tests.ngram.test_ngram_cached import assert_refused_in_one_line
 from tests.test_exactness import assert_follows_the_target, pair  # noqa: F401 (the grid's fixture)
-from tests.test_ngram_cached import assert_refused_in_one_line
 
 STRATEGY = '''
 """Lag copy: propose the tokens that followed the token `lag` positions before the tip, as if the
@@ -53,7 +53,7 @@ class LagCopyDrafter:
 '''
 
 CONFIG = '''
-# Lag copy (a toy draft of tests/test_new_draft.py).
+# Lag copy (a toy draft of tests/drafts/test_new_draft.py).
 name: lag_copy
 _target_: toy_lag_copy.LagCopyDrafter
 _partial_: true

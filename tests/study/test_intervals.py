@@ -10,7 +10,6 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -28,6 +27,7 @@ from specexp.study.references import greedy_continuations
 from specexp.study.run import Study, round_table, run_study
 from specexp.study.timing import TimingSettings
 from specexp.study.tracking import JobResults, NullTracker
+from tests.commands import REPO
 from tests.conftest import tiny_model
 
 NO_EOS = [10**6]
@@ -374,7 +374,7 @@ def test_the_aa_control_experiment_runs_every_never_proposing_draft(tmp_path):
     # its record, written by the script from what the jobs measured: each job's section, 1.00 judged
     # against its interval
     record = tmp_path / "aa_control.md"
-    script = Path(__file__).parents[1] / "benchmarks" / "aa_control.py"
+    script = REPO / "benchmarks" / "aa_control.py"
     written = subprocess.run([sys.executable, str(script), str(sweep), "--out", str(record)],
                              capture_output=True, text=True)
     assert written.returncode == 0, written.stderr[-2000:]

@@ -85,11 +85,25 @@ def test_small_lm_tree_nodes_are_the_drafts_top_children_of_their_paths(target, 
 
 
 def test_tree_drafts_propose_k_nodes_with_parents(target, other_draft, ngram_files, prompts):
+    """A budget of 8 nodes at 2 branches: 8 nodes a round, each hanging under an earlier node or the root,
+    at most 2 children under any node, no path deeper than 3 ([[2], [2, 2], [2]])."""
     for drafter in (SmallLMDrafter(target, other_draft, k=8, branches=2), NgramLMDrafter(target, ngram_files["lm"], k=8,
                                                                                         branches=2)):
+        propose, trees = drafter.propose, []
+        drafter.propose = lambda *args, propose=propose, trees=trees: trees.append(propose(*args)) or trees[-1]
         out = generate(target.model, prompts, drafter, SamplingConfig(temperature=1.0), 12, [10**6],
                        torch.Generator().manual_seed(0))
-        assert int(out.n_proposed.max()) == 8 and int(out.n_accepted.max()) <= 3  # [[2], [2, 2], [2]]: depth 3
+        assert int(out.n_proposed.max()) == 8 and int(out.n_accepted.max()) <= 3
+        assert trees and all(proposal.parents is not None for proposal in trees)
+        for proposal in trees:
+            for b in range(proposal.tokens.shape[0]):
+                parents = proposal.parents[b, : int(proposal.n_proposed[b])].tolist()
+                assert all(-1 <= parent < i for i, parent in enumerate(parents))
+                assert max(parents.count(node) for node in range(-1, len(parents))) <= 2
+                depth = [0] * len(parents)
+                for i, parent in enumerate(parents):
+                    depth[i] = 1 if parent < 0 else depth[parent] + 1
+                assert max(depth, default=0) <= 3
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

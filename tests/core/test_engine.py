@@ -105,6 +105,10 @@ def test_heuristic_k_grows_after_full_acceptance_and_shrinks_after_a_miss(target
 
 
 def test_agreeing_draft_accepts_everything_and_others_do_not(target, other_draft, prompts):
+    """Greedy: the target drafting for itself has every proposed token accepted; another model some, not all."""
+    agree = _gen(target, prompts, SmallLMDrafter(target, target, k=4))
+    proposed = agree.n_proposed[agree.active]
+    assert int(proposed.sum()) > 0 and bool((agree.n_accepted[agree.active] == proposed).all())
     disagree = _gen(target, prompts, SmallLMDrafter(target, other_draft, k=4))
     accepted = disagree.n_accepted[disagree.active]
     assert 0 < int(accepted.sum()) < int(disagree.n_proposed[disagree.active].sum())

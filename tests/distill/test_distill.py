@@ -218,7 +218,7 @@ def test_exit_head_command_end_to_end(tmp_path, tiny_local_conf):
     assert json.loads((head / "exit_head.json").read_text())["exit_layer"] == 4
     result = json.loads((run_dir / "result.json").read_text())
     assert result["steps"] == 4 and result["parameters"] < 100_000  # the head alone, not the target (3.2M)
-    # (both modes with a saved head, and on-policy refused: tests/test_early_exit.py)
+    # (both modes with a saved head, and on-policy refused: tests/drafts/test_early_exit.py)
     study = run_smoke_study(*tiny, "draft=early_exit", f"draft.head={head}", "draft.exit_layer=null", "draft.k=2",
                             "profile.enabled=false", f"hydra.run.dir={tmp_path / 'study'}")
     assert study.returncode == 0, study.stderr[-3000:]

@@ -1,7 +1,7 @@
 """Pairing studies (issue 33): a pair whose draft does not apply to its target is skipped with one line
 in a sweep (and is a one-line error alone), and the sweep goes on; collect says which. The prediction
 command (`python -m specexp.pairing`) prices every K, ranks, skips, and refuses bad input in one line
-(its replay is tests/test_replay.py's)."""
+(its replay is tests/study/test_replay.py's)."""
 
 import pandas as pd
 import pytest
