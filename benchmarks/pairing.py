@@ -27,7 +27,7 @@ from common import report_header, write_report
 from hydra import compose, initialize_config_dir
 
 from specexp.paths import CONFIG_DIR
-from specexp.study.prediction import predict_pair
+from specexp.study.pairing_prediction import predict_pair
 from specexp.study.run import prepare, run_from_config
 
 PAIRS = {"default": ["prompt_lookup", "target_prefix", "early_exit", "distilled", "eagle", "medusa"],

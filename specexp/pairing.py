@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     from specexp.drafts.registry import pairing_drafts
     from specexp.errors import DraftDoesNotApply
     from specexp.reporting.ranking import write_predictions
-    from specexp.study.prediction import predict_pair
+    from specexp.study.pairing_prediction import predict_pair
 
     options, args = parse_args(list(sys.argv[1:] if argv is None else argv))
     targets = options.targets.split(",")

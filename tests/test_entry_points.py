@@ -13,7 +13,7 @@ OWN_WORDS = {
     "specexp.profile": ["usage: python -m specexp.profile [--out file]", "hardware profile", "--out"],
     "specexp.collect": ["usage: python -m specexp.collect", "every job of one or more sweeps as one table"],
     "specexp.figures": ["usage: python -m specexp.figures", "every paper figure a sweep supports"],
-    "specexp.predict": ["usage: python -m specexp.predict", "--profile"],
+    "specexp.reprice": ["usage: python -m specexp.reprice", "--profile"],
     "specexp.dashboard": ["usage: python -m specexp.dashboard", "--project"],
     "specexp.distill": ["usage: python -m specexp.distill [overrides ...]", "train a draft on its target", "student="],
     "specexp.ngram": ["usage: python -m specexp.ngram", "datastore"],

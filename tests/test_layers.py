@@ -69,7 +69,7 @@ LAYERS = [
     {"k_policy"},  # draft.k's policies: how many tokens each round drafts
     {"study", "distill"},  # one run of a study; training drafts
     {"reporting"},  # collecting, tables, figures, re-pricing, the dashboard
-    {"__main__", "profile", "collect", "figures", "predict", "dashboard", "pairing", "export"},  # the commands
+    {"__main__", "profile", "collect", "figures", "reprice", "dashboard", "pairing", "export"},  # the commands
 ]
 
 

@@ -10,7 +10,7 @@ study's runtime, batch size and sampling:
 A profile is JSON in the cache, one file per hardware fingerprint, target, dtype, runtime,
 batch size and sampling; draft entries are added as studies with new drafts need them (jobs
 sharing the cache take turns under a file lock). A study without one builds it first (about a
-minute), with progress. `specexp.costs.cost_model` prices rounds with it; `python -m specexp.predict`
+minute), with progress. `specexp.costs.cost_model` prices rounds with it; `python -m specexp.reprice`
 re-prices a finished sweep under another.
 """
 

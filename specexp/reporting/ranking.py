@@ -1,4 +1,4 @@
-"""The table and ranking `python -m specexp.pairing` writes from the predictions (study/prediction.py)."""
+"""The table and ranking `python -m specexp.pairing` writes from the predictions (study/pairing_prediction.py)."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""A finished sweep re-priced on other hardware (what `python -m specexp.predict` writes).
+"""A finished sweep re-priced on other hardware (what `python -m specexp.reprice` writes).
 
 Every job's rounds (what its draft proposed and the rule accepted, round by round) are priced with
 the cost model under another machine's profile next to the profile the job ran with: acceptance does
@@ -69,12 +69,12 @@ def figure(table: pd.DataFrame, label: str, own_label: str | None) -> plt.Figure
 
 
 def write_repricing(table: pd.DataFrame, profile: Profile, jobs: pd.DataFrame, out: Path) -> None:
-    """OUT/predict.csv, predict.md (the table under the profile's label) and predict.pdf/png (the figure)."""
+    """OUT/reprice.csv, reprice.md (the table under the profile's label) and reprice.pdf/png (the figure)."""
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "predict.csv", index=False)
+    table.to_csv(out / "reprice.csv", index=False)
     label = profile_label(profile)
     own = job_profile(jobs["path"].iloc[0])
-    (out / "predict.md").write_text(f"Re-priced on {label}\n\n" + markdown_table(table))
+    (out / "reprice.md").write_text(f"Re-priced on {label}\n\n" + markdown_table(table))
     fig = figure(table, label, profile_label(own) if own else None)
     for suffix in ("pdf", "png"):
-        fig.savefig(out / f"predict.{suffix}")
+        fig.savefig(out / f"reprice.{suffix}")

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from specexp.paths import CONFIG_DIR
 from specexp.reporting.job_table import collect
-from specexp.study.prediction import fixed_k_config
+from specexp.study.pairing_prediction import fixed_k_config
 from tests.commands import run_each, run_module, run_specexp
 
 

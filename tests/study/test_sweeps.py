@@ -117,10 +117,10 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
     repriced = {}
     for name, record in {"measured": measured, "flat": flat}.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(record))
-        out = run_module("specexp.predict", str(sweep), "--profile", str(tmp_path / f"{name}.json"), "--out",
+        out = run_module("specexp.reprice", str(sweep), "--profile", str(tmp_path / f"{name}.json"), "--out",
                          str(tmp_path / name))
         assert out.returncode == 0, out.stderr
-        repriced[name] = pd.read_csv(tmp_path / name / "predict.csv")
+        repriced[name] = pd.read_csv(tmp_path / name / "reprice.csv")
         assert len(repriced[name]) == 15 and repriced[name]["predicted"].notna().all()
     assert repriced["flat"]["predicted_own"].notna().all()
     assert (repriced["flat"]["predicted"] >= repriced["measured"]["predicted"] * 0.999).all()

@@ -1,4 +1,4 @@
-"""`python -m specexp.predict SWEEP [SWEEP ...] --profile P.json [--out DIR]`: a finished sweep on other
+"""`python -m specexp.reprice SWEEP [SWEEP ...] --profile P.json [--out DIR]`: a finished sweep on other
 hardware (the command; the re-pricing is specexp/reporting/repricing.py)."""
 
 import argparse
@@ -15,11 +15,11 @@ DESCRIPTION = """A finished sweep on other hardware. Every job's rounds (what it
 accepted, round by round) are re-priced with the cost model under the profile P (say one measured
 on a GPU with `python -m specexp.profile --out P.json`) next to the profile the job ran with.
 Acceptance does not depend on the hardware; T(n), the draft's step and the prompt pass do. Writes
-DIR/predict.csv, predict.md and predict.pdf/png (default DIR: SWEEP/predict)."""
+DIR/reprice.csv, reprice.md and reprice.pdf/png (default DIR: SWEEP/reprice)."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = sweep_parser("python -m specexp.predict", DESCRIPTION, "output folder (default: FIRST_PATH/predict)")
+    parser = sweep_parser("python -m specexp.reprice", DESCRIPTION, "output folder (default: FIRST_PATH/reprice)")
     parser.add_argument("--profile", type=Path, required=True, help="a profile JSON (python -m specexp.profile --out)")
     return parser.parse_args(argv)
 
@@ -35,10 +35,10 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"no finished study jobs under {', '.join(map(str, args.paths))}")
     profile = Profile.load(args.profile)
     table = reprice(jobs, profile)
-    out = args.out or args.paths[0] / "predict"
+    out = args.out or args.paths[0] / "reprice"
     write_repricing(table, profile, jobs, out)
     print(markdown_table(table))
-    print(f"wrote {out / 'predict.csv'}, predict.md and predict.pdf/png")
+    print(f"wrote {out / 'reprice.csv'}, reprice.md and reprice.pdf/png")
 
 
 if __name__ == "__main__":
