@@ -18,7 +18,7 @@ from rich.table import Table
 
 from specexp.drafts.registry import TESTS_ONLY
 from specexp.study.intervals import column_interval, fmt_interval
-from specexp.study.summary import interval_columns, keys
+from specexp.study.summary import interval_columns, k_max_of, keys
 
 METRICS = keys(collected=True)  # a study's summary fields that are columns (specexp.study.summary)
 DISTILL_METRICS = ("best_alpha", "steps", "parameters", "draft_vocab_size", "corpus_tokens")
@@ -41,7 +41,7 @@ def validation_history(job_dir: Path) -> list[dict]:
 
 def study_metrics(summary: dict) -> dict:
     row = {"kind": "study", "status": summary.get("status", "ok")} | {m: summary.get(m) for m in METRICS}
-    row["k_max"] = summary.get("k")  # the K a fixed-K job ran, the most a K policy could choose
+    row["k_max"] = k_max_of(summary)
     row.update(interval_columns(summary))  # 95% intervals as two columns each
     row["timing_passes"] = (summary.get("timing") or {}).get("passes")
     curve_ci = summary.get("acceptance_curve_ci95") or []

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specexp.study.intervals import fmt_interval
-from specexp.study.summary import keys
+from specexp.study.summary import k_max_of, keys
 
 
 def fmt(value) -> str:
@@ -35,8 +35,8 @@ def done_line(label: str, summary: dict) -> str:
 
 def print_summary(summary: dict, out_dir: Path | None = None, console: Console | None = None) -> None:
     console = console or Console()
-    k = (summary.get("k") if summary.get("k_policy", "fixed") == "fixed"
-         else f"{summary['k_policy']} (<= {summary['k']})")
+    k = (k_max_of(summary) if summary.get("k_policy", "fixed") == "fixed"
+         else f"{summary['k_policy']} (<= {k_max_of(summary)})")
     table = Table(title=f"{summary.get('draft')} on {summary.get('target')}, K={k}")
     table.add_column("metric")
     table.add_column("value", justify="right")

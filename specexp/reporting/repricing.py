@@ -21,6 +21,7 @@ from specexp.costs.hardware_profile import Profile  # noqa: E402
 from specexp.output import markdown_table  # noqa: E402
 from specexp.reporting import plots  # noqa: E402
 from specexp.reporting.paper_figures import job_profile, profile_label  # noqa: E402
+from specexp.study.summary import k_max_of  # noqa: E402
 
 
 def reprice(jobs: pd.DataFrame, profile: Profile) -> pd.DataFrame:
@@ -41,7 +42,7 @@ def reprice(jobs: pd.DataFrame, profile: Profile) -> pd.DataFrame:
         else:
             rounds, batches = pd.read_parquet(folder / "rounds.parquet"), pd.read_parquet(folder / "batches.parquet")
             spec, ar = arms(rounds)
-            row["predicted"] = cost_model.predict_run(spec, ar, batches, int(summary["k"]), profile, draft)[
+            row["predicted"] = cost_model.predict_run(spec, ar, batches, int(k_max_of(summary)), profile, draft)[
                 "predicted_speedup"]
         rows.append(row)
     return pd.DataFrame(rows)

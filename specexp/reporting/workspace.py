@@ -43,7 +43,7 @@ def sections() -> list[ws.Section]:
     grouped = {"groupby_aggfunc": "mean", "groupby_rangefunc": "minmax"}
     return [
         ws.Section(name="Speedup and acceptance", is_open=True, panels=[
-            wr.LinePlot(title="speedup over AR against K (with its 95% interval's ends)", x="k",
+            wr.LinePlot(title="speedup over AR against K (with its 95% interval's ends)", x="k_max",
                         y=["speedup", "speedup_ci95_lo", "speedup_ci95_hi"], title_x="K", title_y="speedup", **grouped),
             wr.LinePlot(title="P(accept position i | earlier accepted)", x="position", y=["acceptance"],
                         title_x="draft position i", title_y="acceptance", **grouped),

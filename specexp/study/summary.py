@@ -82,7 +82,8 @@ class RunSummary(ArmMetrics):
     accepted_length_histogram: list[int] | None = metric("rounds accepting 0..k draft tokens")
     nodes_per_pass: float | None = metric("draft tokens verified per row and round", collected=True)
     accepted_per_pass: float | None = metric("draft tokens accepted per row and round", collected=True)
-    k: int | None = metric("the K a fixed-K run ran, the most a K policy could choose")
+    k_max: int | None = metric("the K a fixed-K run ran, the most a K policy could choose (summaries before "
+                                "2026-12-07: `k`, read by k_max_of)")
     mean_k: float | None = metric("K asked of the draft per round (k itself unless draft.k=auto/heuristic)",
                                   shown=True, collected=True)
     cost_ratio_c: float | None = metric("c: draft seconds per drafted position / one AR target step",
@@ -128,6 +129,11 @@ class RunSummary(ArmMetrics):
     def to_dict(self) -> dict:
         """summary.json's object."""
         return asdict(self)
+
+
+def k_max_of(summary: dict) -> int | None:
+    """A summary's K maximum, also from a summary written before the field was named k_max (then `k`)."""
+    return summary.get("k_max", summary.get("k"))
 
 
 def keys(**flags: bool) -> tuple[str, ...]:
@@ -201,7 +207,7 @@ def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, facts: RunFacts) -> R
         accepted_length_histogram=metrics.accepted_length_histogram(accepted, k),
         nodes_per_pass=float(spec["proposed"].mean()) if len(spec) else None,
         accepted_per_pass=float(accepted.mean()) if len(spec) else None,
-        k=k,
+        k_max=k,
         mean_k=mean_k,
         cost_ratio_c=c,
         verify_cost_ratio=metrics.safe_ratio(spec_rounds["target_s"].mean(), ar_step_s),

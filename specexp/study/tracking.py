@@ -163,8 +163,8 @@ class WandbTracker:
             texts = [[a["prompt_id"], a["category"], a["spec_text"], a["ar_text"], a["identical"],
                       *divergence_columns(a.get("divergence"))] for a in answers]
             # History rows that let panels draw lines across runs (specexp.reporting.workspace): one with the
-            # headline numbers at x = k, then one per draft position at x = position.
-            self.run.log({"k": summary["k"],
+            # headline numbers at x = k_max, then one per draft position at x = position.
+            self.run.log({"k_max": summary["k_max"],
                           **{key: summary[key] for key in HEADLINE_KEYS if summary.get(key) is not None},
                           **interval_keys(summary)})
             for position, acceptance, lo, hi in curve.data:

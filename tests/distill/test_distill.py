@@ -284,7 +284,7 @@ def test_shipped_distilled_draft_runs_exactly_on_the_default_target(tmp_path, dr
                       "max_new_tokens=16", "profile.enabled=false", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["draft"] == draft and summary["k_policy"] == "fixed" and summary["k"] == 2
+    assert summary["draft"] == draft and summary["k_policy"] == "fixed" and summary["k_max"] == 2
     assert summary["alpha"] > 0
     if sampling == "greedy":
         assert summary["greedy_match"] == 1.0

@@ -61,8 +61,8 @@ def test_every_key_the_dashboard_reads_is_written_by_the_logger(logged_run):
 @pytest.mark.xdist_group("dashboard_logged_run")
 def test_the_logged_history_draws_speedup_against_k_and_the_acceptance_curve(logged_run):
     summary = logged_run["summary"]
-    (headline,) = [row for row in logged_run["history"] if "k" in row]
-    assert headline["k"] == 8 and headline["speedup"] == pytest.approx(summary["speedup"])
+    (headline,) = [row for row in logged_run["history"] if "k_max" in row]
+    assert headline["k_max"] == 8 and headline["speedup"] == pytest.approx(summary["speedup"])
     curve = [(row["position"], row["acceptance"]) for row in logged_run["history"] if "position" in row]
     expected = [tuple(row[:2]) for row in logged_run["tables"]["acceptance_curve"]["data"]]  # position, acceptance
     assert curve and [p for p, _ in curve] == [p for p, _ in expected]

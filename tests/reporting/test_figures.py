@@ -253,3 +253,19 @@ def test_pairing_matrix_annotates_measured_intervals_predictions_and_leaves_skip
     scatter = plots.pairing_scatter(jobs).axes[0]
     assert sum(len(c.get_offsets()) for c in scatter.collections if isinstance(c, PathCollection)) == len(jobs)
     assert any(line.get_label() == "y = x" for line in scatter.lines)
+
+
+def test_a_sweep_written_before_the_renames_still_collects_and_draws(tmp_path):
+    """benchmarks/cost_model_k_sweep's jobs were written before summary.json's `k` became `k_max` and the
+    runtime's and K policies' `_target_`s moved: they collect with their K maximum and draw speedup_vs_k."""
+    import shutil
+
+    from specexp.reporting.job_table import collect
+    from tests.commands import REPO
+
+    shutil.copytree(REPO / "benchmarks" / "cost_model_k_sweep", tmp_path / "sweep")
+    assert all("k_max" not in json.loads(p.read_text()) for p in (tmp_path / "sweep").glob("*/summary.json"))
+    table = collect([tmp_path / "sweep"])
+    assert len(table) >= 20 and table["k_max"].notna().all() and table["k_max"].max() == 8
+    written, skipped = make_figures([tmp_path / "sweep"], tmp_path / "figures")
+    assert "speedup_vs_k.pdf" in written, skipped

@@ -271,7 +271,7 @@ def test_smoke_tree_sweep_runs_records_depths_and_plots(smoke_tree_sweep, tmp_pa
         assert summary["greedy_match"] == 1.0
         assert sum(summary["accepted_length_histogram"]) == len(spec)
         assert summary["nodes_per_pass"] == pytest.approx(spec["proposed"].mean())
-        assert len(summary["acceptance_curve"]) == summary["k"]
+        assert len(summary["acceptance_curve"]) == summary["k_max"]
         branches = OmegaConf.load(job.parent / "config.yaml").draft.branches
         if branches == 1:  # a chain: depth is the tokens proposed
             assert (spec["depth"] == spec["proposed"]).all()
