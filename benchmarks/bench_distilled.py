@@ -25,7 +25,7 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import SmallLMDrafter, distilled_drafter
-from specexp.models import load_embedded_target
+from specexp.models.embedded import load_embedded_target
 
 SAMPLINGS = {"greedy": SamplingConfig(), "T=0.7": SamplingConfig(temperature=0.7)}
 

@@ -27,7 +27,7 @@ from specexp.core.engine import generate
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.early_exit import early_exit_drafter
-from specexp.models import load_embedded_target
+from specexp.models.embedded import load_embedded_target
 from specexp.reporting.plots import optimal_k
 
 GREEDY = SamplingConfig()

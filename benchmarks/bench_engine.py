@@ -23,7 +23,8 @@ from hydra import compose, initialize_config_dir
 from specexp.data import encode_prompts, mt_bench
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.small_lm import SmallLMDrafter
-from specexp.models import LoadedModel, first_layers, load_embedded_target
+from specexp.models import LoadedModel, first_layers
+from specexp.models.embedded import load_embedded_target
 from specexp.paths import CONFIG_DIR
 from specexp.study.run import run_from_config
 

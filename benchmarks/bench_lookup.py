@@ -22,7 +22,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from specexp.core.kv import RaggedKV
 from specexp.data import SPEC_BENCH_FILE, question_jsonl
 from specexp.drafts.parts.context_index import ContextIndex
-from specexp.models import load_embedded_target
+from specexp.models.embedded import load_embedded_target
 
 
 def rescan(seq: np.ndarray, max_n: int, k: int) -> np.ndarray:

@@ -32,7 +32,7 @@ from specexp.draft_vocab import vocab_fingerprint
 from specexp.drafts.ngram_lm import NgramLMDrafter
 from specexp.drafts.prompt_lookup import PromptLookupDrafter
 from specexp.drafts.retrieval import RetrievalDrafter
-from specexp.models import load_embedded_target
+from specexp.models.embedded import load_embedded_target
 from specexp.ngram.corpus import generated_documents, join_documents
 from specexp.ngram.datastore import SuffixDatastore
 from specexp.ngram.kneser_ney import KneserNeyLM

@@ -46,7 +46,8 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench, spec_bench
 from specexp.drafts.build import build_draft
 from specexp.drafts.small_lm import small_lm_draft
-from specexp.models import LoadedModel, load_embedded_gemma3, load_embedded_target
+from specexp.models import LoadedModel
+from specexp.models.embedded import load_embedded_gemma3, load_embedded_target
 from specexp.paths import CONFIG_DIR
 from specexp.runtime import round_rows
 from specexp.runtime.lean import LeanRuntime

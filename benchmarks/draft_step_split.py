@@ -30,7 +30,7 @@ from specexp.core.kv import RaggedKV
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.parts.quantize import Int8WeightLinear
 from specexp.drafts.small_lm import DISTILLED_DRAFT, SmallLMDrafter
-from specexp.models import load_embedded_target
+from specexp.models.embedded import load_embedded_target
 
 CONTEXT = 64
 

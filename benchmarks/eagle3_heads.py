@@ -19,7 +19,7 @@ from common import decode_arguments, interleaved_summaries, report_header, study
 
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
-from specexp.models import load_embedded_target
+from specexp.models.embedded import load_embedded_target
 from specexp.runtime import round_rows
 from specexp.runtime.lean import LeanRuntime
 from specexp.study.intervals import fmt_interval

@@ -19,7 +19,7 @@ import torch
 from common import decode_hf, decode_ours, machine
 
 from specexp.data import encode_prompts, mt_bench
-from specexp.models import load_embedded_target
+from specexp.models.embedded import load_embedded_target
 from specexp.runtime import HFRuntime, round_rows
 from specexp.runtime.lean import LeanRuntime
 

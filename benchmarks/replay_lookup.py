@@ -21,7 +21,7 @@ from tqdm import tqdm
 from specexp.data import SPEC_BENCH_FILE, encode_prompts
 from specexp.drafts.parts.context_index import ContextIndex
 from specexp.drafts.prompt_lookup import cap_continuation
-from specexp.models import load_embedded_target
+from specexp.models.embedded import load_embedded_target
 
 RULES = {  # name -> (choice, tokens proposed after a match of 1, 2, ... tokens; longer: K)
     "HF (first, uncapped)": ("first", ()),

@@ -35,7 +35,7 @@ from common import decode_hf, decode_ours, interleaved_summaries, machine, strea
 from specexp.core.kv import new_ragged_kv
 from specexp.core.sampling import SamplingConfig
 from specexp.data import encode_prompts, mt_bench
-from specexp.models import load_embedded_target
+from specexp.models.embedded import load_embedded_target
 from specexp.paths import CONFIG_DIR
 from specexp.reporting.report import fmt
 from specexp.runtime import HFRuntime, round_rows

@@ -33,7 +33,7 @@ from specexp.draft_vocab import DraftVocab, vocab_fingerprint
 from specexp.drafts.eagle import resolve_head
 from specexp.drafts.parts.eagle_head import eagle3_layers
 from specexp.export import export
-from specexp.models import load_embedded_target
+from specexp.models.embedded import load_embedded_target
 
 FLAG_SETS = {"published defaults": (), "speculators' training flags": ("norm_before_residual", "norm_before_fc",
                                                                         "norm_output")}

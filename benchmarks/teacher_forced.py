@@ -38,7 +38,8 @@ from specexp.drafts.parts.eagle_head import EagleHead
 from specexp.drafts.parts.feature_head import FeatureHead
 from specexp.drafts.parts.medusa_heads import MedusaHeads
 from specexp.drafts.parts.quantize import quantize_linears
-from specexp.models import LoadedModel, load_embedded_target, load_model
+from specexp.models import LoadedModel, load_model
+from specexp.models.embedded import load_embedded_target
 from specexp.ngram.corpus import self_written_prompts
 from specexp.output import markdown_table
 

@@ -147,7 +147,7 @@ def random_exit_head(target: LoadedModel, exit_layer: int, keep_every: int = 2, 
 @pytest.fixture(scope="session")
 def embedded_target() -> LoadedModel:
     """The shipped default target (SmolLM2-135M-Instruct) in fp32 on the CPU."""
-    from specexp.models import load_embedded_target
+    from specexp.models.embedded import load_embedded_target
 
     return load_embedded_target("float32", "cpu")
 
@@ -251,7 +251,7 @@ TINY_LOCAL_LAYERS = 8  # EAGLE-3's default taps (hidden states 2, N/2, N-3) stay
 def tiny_local_target(folder: Path) -> None:
     """A user's own target config (conf/target/tiny_local.yaml under ``folder``, for hydra.searchpath):
     a tiny random Llama of the default target's tokenizer saved as a local model folder."""
-    from specexp.models import load_embedded_target
+    from specexp.models.embedded import load_embedded_target
 
     model_dir, conf = folder / "tiny_target", folder / "conf" / "target"
     tokenizer = load_embedded_target().tokenizer

@@ -182,7 +182,8 @@ def test_default_study_end_to_end(tmp_path):
 @pytest.mark.default_target
 def test_small_lm_draft_from_a_local_folder(tmp_path):
     """The real local-path code path: the target's first 2 layers saved as an HF folder."""
-    from specexp.models import first_layers, load_embedded_target
+    from specexp.models import first_layers
+    from specexp.models.embedded import load_embedded_target
 
     draft = first_layers(load_embedded_target("float32", "cpu"), 2)
     draft.model.save_pretrained(tmp_path / "draft")

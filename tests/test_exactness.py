@@ -216,7 +216,7 @@ def default_pair():
     from hydra import compose, initialize_config_dir
 
     from specexp.drafts.build import build_draft
-    from specexp.models import load_embedded_target
+    from specexp.models.embedded import load_embedded_target
     from specexp.paths import CONFIG_DIR
 
     target = load_embedded_target("float32", "cpu")

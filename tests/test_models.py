@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from specexp import models
 from specexp.core.interface import Context
 from specexp.core.sampling import SamplingConfig
 from specexp.drafts.small_lm import SmallLMDrafter, align_vocab
 from specexp.errors import UserInputError
-from specexp.models import load_model
+from specexp.models import embedded, load_model, reuse
 from tests.conftest import tiny_model
 
 
@@ -83,7 +82,7 @@ def test_a_folder_saved_again_or_a_model_too_large_to_keep_is_loaded_afresh(tmp_
     tiny_model(1).model.save_pretrained(tmp_path / "m")  # retrained into the same folder
     after = load_model(str(tmp_path / "m"), dtype="float64", device="cpu").model.lm_head.weight
     assert torch.equal(after, tiny_model(1).model.lm_head.weight) and not torch.equal(after, before)
-    monkeypatch.setattr(models, "REUSED_MAX_BYTES", 0)
+    monkeypatch.setattr(reuse, "REUSED_MAX_BYTES", 0)
     tiny_model(2).model.save_pretrained(tmp_path / "big")
     loads = [load_model(str(tmp_path / "big"), dtype="float64", device="cpu").model for _ in range(2)]
     assert loads[0].lm_head.weight.data_ptr() != loads[1].lm_head.weight.data_ptr()
@@ -113,7 +112,7 @@ def test_a_gguf_conversion_parses_the_file_once(tmp_path, monkeypatch):
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(gguf, "GGUFReader", CountedReader)
-    with models.gguf_parsed_once():
+    with embedded.gguf_parsed_once():
         configs = [load_gguf_checkpoint(path)["config"] for _ in range(2)]
     assert len(parses) == 1 and configs[0] == configs[1] and configs[0]["num_hidden_layers"] == 1
     assert gguf.GGUFReader is CountedReader
@@ -171,12 +170,12 @@ def test_preparing_studies_leaves_the_kept_weights_as_loaded():
     keeps for its next job."""
     from hydra import compose, initialize_config_dir
 
-    from specexp.models import EMBEDDED_NAME, load_embedded_target
+    from specexp.models.embedded import EMBEDDED_NAME, load_embedded_target
     from specexp.paths import CONFIG_DIR
     from specexp.study.run import prepare
 
     load_embedded_target("float32", "cpu")
-    kept = next(load.model for key, load in models._reused.items() if key[0].endswith(EMBEDDED_NAME))
+    kept = next(load.model for key, load in reuse._reused.items() if key[0].endswith(EMBEDDED_NAME))
     def digests() -> dict[str, str]:  # of the bytes in place: a clone would be 540 MB of fresh memory
         return {name: hashlib.blake2b(tensor.detach().contiguous().numpy(), digest_size=16).hexdigest()
                 for name, tensor in kept.state_dict().items()}
@@ -191,4 +190,4 @@ def test_preparing_studies_leaves_the_kept_weights_as_loaded():
     assert digests() == before
     for layer in kept.model.layers:  # and the fused projections the jobs shared still hold the kept weights
         mlp = [layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]
-        assert torch.equal(models.derived_from_kept("fused", mlp, lambda: None), torch.cat(mlp))
+        assert torch.equal(reuse.derived_from_kept("fused", mlp, lambda: None), torch.cat(mlp))

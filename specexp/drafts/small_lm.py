@@ -16,7 +16,8 @@ from specexp.drafts.parts.base import check_k, check_min_confidence
 from specexp.drafts.parts.dynamic_tree import TreeRegion, check_tree, grow_tree
 from specexp.drafts.parts.quantize import quantize_linears
 from specexp.errors import DraftDoesNotApply, UserInputError
-from specexp.models import LoadedModel, first_layers, load_embedded_gemma3, load_embedded_target, load_model
+from specexp.models import LoadedModel, first_layers, load_model
+from specexp.models.embedded import load_embedded_gemma3, load_embedded_target
 from specexp.runtime.decoder import lean_decoder, unsupported_reason
 
 

@@ -14,7 +14,8 @@ import sys
 
 from specexp.cli import CommandParser, one_line_errors
 from specexp.errors import UserInputError
-from specexp.models import load_embedded_target, load_model
+from specexp.models import load_model
+from specexp.models.embedded import load_embedded_target
 from specexp.ngram.cached import datastore_from_documents, lm_from_documents
 from specexp.ngram.corpus import corpus_documents
 

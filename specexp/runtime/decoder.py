@@ -32,7 +32,8 @@ from transformers import PreTrainedModel
 from specexp.core.kv import ForwardTraits, declares_forward
 from specexp.core.masks import attention_mask_4d, key_positions, windowed
 from specexp.errors import UserInputError
-from specexp.models import derived_from_kept, spread_over_devices
+from specexp.models import spread_over_devices
+from specexp.models.reuse import derived_from_kept
 from specexp.runtime.int8 import Int8WeightLinear
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")

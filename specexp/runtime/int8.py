@@ -6,7 +6,7 @@ runtime kernel: drafts choose it (`drafts/parts/quantize.py`), matmul plans time
 import torch
 from torch import nn
 
-from specexp.models import derived_from_kept
+from specexp.models.reuse import derived_from_kept
 
 KERNEL_K_MULTIPLE = 16  # the kernel needs in_features % 16 == 0 (others give NaN or crash)
 

@@ -147,7 +147,7 @@ def test_bad_inputs(tiny_pair, tmp_path):
 
 @pytest.mark.default_target
 def test_self_written_user_turns_start_with_the_openers_in_turn():
-    from specexp.models import load_embedded_target
+    from specexp.models.embedded import load_embedded_target
 
     target = load_embedded_target("float32", "cpu")
     prompts = self_written_prompts(target, 3, max_tokens=6, batch_size=2, openers=["Write", "Explain"])

@@ -30,7 +30,7 @@ DRAFT_OPTIONS = sorted(p.stem for p in (Path(CONFIG_DIR) / "draft").glob("*.yaml
 
 @pytest.fixture(scope="module")
 def default_target():
-    from specexp.models import load_embedded_target
+    from specexp.models.embedded import load_embedded_target
 
     return load_embedded_target("float32", "cpu")
 
