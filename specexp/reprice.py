@@ -8,7 +8,7 @@ from pathlib import Path
 from specexp.cli import fail, sweep_parser
 from specexp.costs.hardware_profile import Profile
 from specexp.output import markdown_table
-from specexp.reporting.paper_figures import study_jobs
+from specexp.reporting.figure_tables import study_jobs
 from specexp.reporting.repricing import reprice, write_repricing
 
 DESCRIPTION = """A finished sweep on other hardware. Every job's rounds (what its draft proposed and the rule

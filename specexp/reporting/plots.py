@@ -1,6 +1,6 @@
 """Paper figures from collected sweep tables (seaborn + matplotlib).
 
-Every function takes DataFrames made by `specexp.reporting.job_table` / `specexp.reporting.paper_figures` and returns a
+Every function takes DataFrames made by `specexp.reporting.job_table` / `specexp.reporting.figure_tables` and returns a
 matplotlib Figure; none saves or shows. Inputs:
 - `jobs`: one row per job (`choice.draft`, `cfg.draft.k`, `alpha`, `cost_ratio_c`, `speedup`, ...);
 - `prompts`: one row per (job, prompt) (`per_prompt_table`), for intervals over prompts;

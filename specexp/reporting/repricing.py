@@ -20,7 +20,7 @@ from specexp.costs import cost_model  # noqa: E402
 from specexp.costs.hardware_profile import Profile  # noqa: E402
 from specexp.output import markdown_table  # noqa: E402
 from specexp.reporting import plots  # noqa: E402
-from specexp.reporting.paper_figures import job_profile, profile_label  # noqa: E402
+from specexp.reporting.job_profiles import job_profile, profile_label  # noqa: E402
 from specexp.study.summary import k_max_of  # noqa: E402
 
 

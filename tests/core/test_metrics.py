@@ -95,7 +95,7 @@ def test_one_arm_metrics_measures_the_run_and_each_category():
 
 
 def test_each_prompts_row_of_the_figures_is_arm_metrics_of_its_rounds(tmp_path):
-    from specexp.reporting.paper_figures import per_prompt_table
+    from specexp.reporting.figure_tables import per_prompt_table
     from specexp.study.summary import arm_metrics
 
     rounds, _ = two_category_run()

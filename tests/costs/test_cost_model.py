@@ -189,10 +189,11 @@ def test_the_model_curve_passes_within_10_percent_of_a_recorded_sweep():
     """benchmarks/cost_model_k_sweep: experiment=k_sweep as run for docs/lab_notes/cost_model.md (2-core AMD
     EPYC). Each draft's curve (its K = 8 run re-priced at K = 1..8 under the run's profile) against
     the speedup measured at every fixed K of the sweep."""
-    from specexp.reporting import paper_figures as figures
+    from specexp.reporting import figure_tables as tables
+    from specexp.reporting import job_profiles
 
-    jobs = figures.study_jobs([RECORDED_SWEEP])
-    model, label = figures.model_curves(jobs)
+    jobs = tables.study_jobs([RECORDED_SWEEP])
+    model, label = job_profiles.model_curves(jobs)
     assert label.startswith("AMD EPYC") and set(model["draft"]) == {"prompt_lookup", "target_prefix", "distilled"}
     curve = model.set_index(["draft", "k"])["speedup"]
     fixed = jobs.dropna(subset=["k"])

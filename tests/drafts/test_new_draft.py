@@ -98,7 +98,7 @@ def test_a_toy_draft_is_registered_refuses_its_bad_option_and_passes_the_exactne
 
 
 def test_a_toy_draft_runs_a_study_a_profile_the_pairing_replay_and_the_figures(toy, tiny_local_conf, tmp_path):
-    from specexp.reporting.paper_figures import study_jobs
+    from specexp.reporting.figure_tables import study_jobs
 
     code, conf = toy
     env = default_env() | {"PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}

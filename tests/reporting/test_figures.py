@@ -171,7 +171,7 @@ def test_wandb_jobs_maps_runs_to_the_job_table(monkeypatch):
             return runs
 
     monkeypatch.setattr(wandb, "Api", FakeApi)
-    from specexp.reporting.paper_figures import wandb_jobs
+    from specexp.reporting.figure_tables import wandb_jobs
 
     table = wandb_jobs("me/specexp", group="k_sweep")
     assert calls == [("me/specexp", {"group": "k_sweep"})]

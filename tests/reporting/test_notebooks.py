@@ -94,14 +94,14 @@ def test_notebook_executes_on_a_smoke_sweep(name, tmp_path, kernel, request):
 
 def check_figures_on_real_results(name: str, sweep: Path) -> None:
     """The plotting functions on this real sweep draw the series its factors call for."""
-    from specexp.reporting import paper_figures as figures
+    from specexp.reporting import figure_tables as tables
     from specexp.reporting import plots
 
     if name == "distill_ablation":
-        ax = plots.distillation_curves(figures.distillation_history([sweep])).axes[0]
+        ax = plots.distillation_curves(tables.distillation_history([sweep])).axes[0]
         assert {t.get_text() for t in ax.get_legend().get_texts()} == {"forward_kl", "tvd"}
         return
-    jobs = figures.study_jobs([sweep])
+    jobs = tables.study_jobs([sweep])
     if name == "pairing":  # 2 targets x 2 drafts, one pair skipped: 3 cells (alpha: where a job drafted)
         fig = plots.pairing_matrix(jobs)
         cells = [sum(bool(t.get_text()) for t in ax.texts) for ax in fig.axes[:2]]

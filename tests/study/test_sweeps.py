@@ -89,26 +89,26 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
             "headline.tex"} <= made
     assert "skipped temperature_effect: needs 2 or more temperatures" in out.stdout
     # The plotting functions on the real tables: a series per draft of the sweep, its model curve and best K.
-    from specexp.reporting import paper_figures as figures
-    from specexp.reporting import plots
+    from specexp.reporting import figure_tables as tables
+    from specexp.reporting import job_profiles, plots
 
-    jobs = figures.study_jobs([sweep])
+    jobs = tables.study_jobs([sweep])
     drafts = {"prompt_lookup", "target_prefix", "distilled", "eagle", "medusa"}
-    model, label = figures.model_curves(jobs)
+    model, label = job_profiles.model_curves(jobs)
     assert set(model["draft"]) == drafts and sorted(model["k"].unique()) == [1, 2] and label
-    ax = plots.speedup_vs_k(jobs, figures.per_prompt_table(jobs), model, label).axes[0]
+    ax = plots.speedup_vs_k(jobs, tables.per_prompt_table(jobs), model, label).axes[0]
     assert drafts <= {t.get_text() for t in ax.get_legend().get_texts()}
     assert len([line for line in ax.lines if line.get_marker() == "*"]) == 5  # the model's best K per draft
-    positions = figures.acceptance_by_position(jobs)
+    positions = tables.acceptance_by_position(jobs)
     assert set(positions["draft"]) == drafts and positions["position"].min() == 1 and positions["position"].max() <= 8
-    plane = plots.cost_quality_plane(jobs, *figures.plane_pricing(jobs)).axes[0]
+    plane = plots.cost_quality_plane(jobs, *job_profiles.plane_pricing(jobs)).axes[0]
     assert {t.get_text() for t in plane.get_legend().get_texts()} == drafts
     assert plane.get_title().startswith("contours: cost model on")
     # The sweep re-priced under a profile written by hand: a machine whose passes over n tokens cost
     # no more than its cheapest and whose drafts are free predicts more speedup for every job than
     # the machine's own profile (both hold every draft the sweep ran: each job recorded the profile
     # as it stood when it ran, without the drafts profiled after it).
-    profiles = [figures.job_profile(path) for path in jobs["path"]]
+    profiles = [job_profiles.job_profile(path) for path in jobs["path"]]
     own, entries = profiles[0], {name: entry for profile in profiles for name, entry in profile.drafts.items()}
     measured = dict(own.record(), drafts=entries)
     flat = dict(measured, target_s=[[min(row)] * len(row) for row in own.target_s],
@@ -238,6 +238,7 @@ def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path)
     out = run_specexp("experiment=exit_layer_sweep", "size=smoke", "draft.k=2", "draft.exit_layer=6,18",
                       "max_new_tokens=16", "profile.enabled=false", f"hydra.sweep.dir={sweep}")
     assert out.returncode == 0, out.stderr[-3000:]
+    from specexp.reporting import figure_tables as tables
     from specexp.reporting import paper_figures as figures
     from specexp.reporting import plots
     from specexp.reporting.job_table import collect
@@ -249,7 +250,7 @@ def test_smoke_exit_layer_sweep_is_exact_and_trained_heads_accept_more(tmp_path)
     assert alpha["trained"] > alpha["untrained"] + 0.05
     written, _ = figures.make_figures([sweep], tmp_path / "figures")
     assert "exit_layer_effect.pdf" in written
-    jobs = figures.study_jobs([sweep])
+    jobs = tables.study_jobs([sweep])
     assert set(jobs["draft"]) == {"early_exit/untrained/shared", "early_exit/trained/shared"}
     ax = plots.effect_of(jobs, "exit_layer", "exit layer L").axes[0]
     assert sorted({x for line in ax.lines for x in line.get_xdata()}) == [6, 18]
@@ -280,7 +281,7 @@ def test_smoke_tree_sweep_runs_records_depths_and_plots(smoke_tree_sweep, tmp_pa
     out = run_module("specexp.figures", str(sweep), "--out", str(tmp_path / "figures"))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "figures" / "tree_budget.pdf").exists()
-    from specexp.reporting import paper_figures as figures
+    from specexp.reporting import figure_tables as tables
 
-    jobs = figures.study_jobs([sweep])
+    jobs = tables.study_jobs([sweep])
     assert set(jobs["branches"]) == {1, 2} and jobs[["accepted_per_pass", "nodes_per_pass"]].notna().all().all()
