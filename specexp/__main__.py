@@ -29,8 +29,8 @@ def main(cfg: DictConfig) -> float | None:
         remove_run_folder(out_dir)
         fail(missing)
     from specexp.reporting.report import done_line, print_summary
+    from specexp.study.results import JobResults
     from specexp.study.run import config_hash, run_job
-    from specexp.study.tracking import JobResults
 
     results = JobResults(out_dir, config_hash(cfg))
     if not cfg.force and (done := results.completed_summary()) is not None:

@@ -37,9 +37,9 @@ from specexp.study import intervals, timing
 from specexp.study.checks import check_study_config
 from specexp.study.divergence import divergence, divergence_line
 from specexp.study.references import greedy_continuations
+from specexp.study.results import JobResults
 from specexp.study.summary import RunFacts, summarize
 from specexp.study.timing import TimingSettings
-from specexp.study.tracking import JobResults
 
 WARMUP_TOKENS = 8  # per arm, on the first batch, before anything is timed
 

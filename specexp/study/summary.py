@@ -122,7 +122,7 @@ class RunSummary(ArmMetrics):
     vocab_overlap: float | None = metric("share of the draft's vocabulary the target's holds", collected=True)
     runtime: dict | None = metric("the runtime's settings and counters (runtime.compile=true: compiled_passes per "
                                   "role, target and draft)")
-    status: str | None = metric("ok: the job's files are all written (study/tracking.JobResults.finish)")
+    status: str | None = metric("ok: the job's files are all written (study/results.JobResults.finish)")
     config_hash: str | None = metric("the job's config, hashed: a rerun of the same config in the same folder "
                                      "skips the finished job")
 

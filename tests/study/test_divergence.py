@@ -9,9 +9,10 @@ from specexp.core.sampling import SamplingConfig
 from specexp.data import Prompt
 from specexp.drafts.small_lm import SmallLMDrafter
 from specexp.study.divergence import divergence, first_divergence, rounding_step
+from specexp.study.results import JobResults
 from specexp.study.run import Study, run_study
 from specexp.study.timing import TimingSettings
-from specexp.study.tracking import JobResults, NullTracker, divergence_columns
+from specexp.study.tracking import NullTracker, divergence_columns
 
 
 def test_first_divergence_is_the_first_position_both_arms_filled_differently():

@@ -24,9 +24,10 @@ from specexp.drafts.none import NoDrafter
 from specexp.drafts.oracle import OracleDrafter
 from specexp.study import intervals, timing
 from specexp.study.references import greedy_continuations
+from specexp.study.results import JobResults
 from specexp.study.run import Study, round_table, run_study
 from specexp.study.timing import TimingSettings
-from specexp.study.tracking import JobResults, NullTracker
+from specexp.study.tracking import NullTracker
 from tests.commands import REPO
 from tests.conftest import tiny_model
 
