@@ -1,7 +1,7 @@
 """A reduced draft vocabulary: the draft predicts only N frequent target tokens.
 
-The LM head dominates a small draft's cost (SmolLM2's 49k x 576 head is 4x the work of one of
-its layers), so a draft that scores N << V tokens is much cheaper. Draft ids 0..N-1 are the
+The LM head dominates a small draft's cost (docs/lab_notes/code_measurements.md: the LM head's
+share), so a draft that scores N << V tokens is much cheaper. Draft ids 0..N-1 are the
 kept target ids; draft id N is "any other token", used for inputs only. On output the draft's
 "other" column is dropped and q is renormalised over the kept tokens: q(x) = 0 outside them,
 which keeps verification exact (the rule only needs q to be a distribution the draft sampled
@@ -32,9 +32,9 @@ def vocab_fingerprint(target) -> str:
     return f"vocab_size={target.vocab_size}:sha256={vocab_hash(target.tokenizer)}"
 
 
-# tokenizer -> (its length, the hash): a feature head's load and an n-gram job each ask several times
-# for a hash that takes ~0.1 s (a 49k-token vocabulary, sorted and serialised); a tokenizer that gained
-# tokens is hashed again
+# Hashes kept by tokenizer and its length, because a feature head's load and an n-gram job each ask several
+# times for a hash that is slow to make (docs/lab_notes/code_measurements.md: vocabulary hash), and a
+# tokenizer that gained tokens must be hashed again.
 _VOCAB_HASHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # PreTrainedTokenizerBase -> (len, hash)
 
 

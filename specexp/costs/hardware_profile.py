@@ -9,9 +9,9 @@ study's runtime, batch size and sampling:
     target's pass itself, that pass), from short decodes of the study's first prompt.
 A profile is JSON in the cache, one file per hardware fingerprint, target, dtype, runtime,
 batch size and sampling; draft entries are added as studies with new drafts need them (jobs
-sharing the cache take turns under a file lock). A study without one builds it first (about a
-minute), with progress. `specexp.costs.cost_model` prices rounds with it; `python -m specexp.reprice`
-re-prices a finished sweep under another.
+sharing the cache take turns under a file lock). A study without one builds it first, with progress
+(docs/lab_notes/code_measurements.md: building a profile). `specexp.costs.cost_model` prices rounds
+with it; `python -m specexp.reprice` re-prices a finished sweep under another.
 """
 
 import hashlib

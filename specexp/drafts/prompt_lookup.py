@@ -4,10 +4,10 @@ Matches over the prompt plus everything generated so far, through an incremental
 index per row. The draft is deterministic, so q is one-hot and the shared rule accepts x
 with probability p(x) (exactly the greedy rule at temperature 0).
 
-Short matches are weak evidence: on held-out Spec-Bench prompts the first copied token
-after a 1-gram match is accepted 20-32% of the time, after a 3-gram match 60-80%. Verifying
-a token is not free (on a CPU a target pass over 5 tokens costs ~1.6x one over 1 token), so
-``max_tokens_after_match`` caps how far a short match is followed; longer matches propose K.
+``max_tokens_after_match`` caps how far a short match is followed, because a short match's
+tokens are accepted far less often than a long match's and verifying each token costs target
+time (docs/lab_notes/code_measurements.md: prompt lookup's match lengths); longer matches
+propose K.
 
 With ``branches`` > 1 the draft is a token tree of K nodes: the continuations of up to that
 many earlier occurrences that differ (the longest match's first, then shorter matches'), each of

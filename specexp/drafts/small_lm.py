@@ -120,9 +120,9 @@ class SmallLMDrafter:
             self.forward_model = compiler.decoder(self.forward_model, "draft")
 
     def reset(self, ctx: Context) -> None:
-        # The cache is made and filled at the first proposal: a batch whose rounds never ask the draft
-        # (draft.k=auto where no K pays, draft.k=0) never pays the draft's prompt pass, nor holds its
-        # cache while the target decodes (the A/A control measured 0.974 [0.960, 0.989] with it made here).
+        # The cache is made and filled at the first proposal, so that a batch whose rounds never ask the draft
+        # (draft.k=auto where no K pays, draft.k=0) neither pays the draft's prompt pass nor holds its cache
+        # while the target decodes (docs/lab_notes/code_measurements.md: lazy draft cache).
         self.kv = None
         self.filled = False
 

@@ -14,7 +14,9 @@ from specexp.errors import UserInputError
 from specexp.k_policy.acceptance import AcceptanceEstimate
 from specexp.k_policy.tree import PricedTreeK
 
-CONTEXT_BLOCK = 16  # tokens of context priced alike (T(n, L) moves ~1% per 100 tokens here)
+# Nearby context lengths are priced alike because T(n, L) barely moves within a block of them
+# (docs/lab_notes/code_measurements.md: context blocks).
+CONTEXT_BLOCK = 16  # tokens of context priced alike
 
 
 def expected_tokens(run_probability: np.ndarray, limits: np.ndarray, k_max: int) -> np.ndarray:
@@ -64,8 +66,8 @@ class PricedK:
         self.max_new_tokens, self.first_lengths = max_new_tokens, None
         self.drafted = False  # the draft proposed in this batch (its fill is paid)
         self.pays_until = 0  # a free draft is asked without checking until this round
-        # a model draft that declined is not asked again before the next probe round: declining, it learns
-        # nothing new, and pricing its rounds anew cost ~1% of each (0.3 ms of numpy on an evicted cache)
+        # a model draft that declined is not asked again before the next probe round, because declining teaches
+        # it nothing and pricing its rounds anew is not free (docs/lab_notes/code_measurements.md: K policy pricing)
         self.declining = False
 
     def _rate(self, run_probability: np.ndarray, limits: np.ndarray, seconds: np.ndarray,
@@ -79,8 +81,9 @@ class PricedK:
 
     def _memo(self, key: tuple, decide: Callable[[], object]) -> object:
         """A decision made for the same rows, groups, limits and prices within the last
-        ``probe_every`` rounds, else made now: estimates move little in a few rounds, and pricing
-        every K each round cost ~0.4 ms of a 21 ms round with the model's forward evicting it."""
+        ``probe_every`` rounds, else made now, because estimates move little in a few rounds and pricing
+        every K each round is a share of the round worth saving (docs/lab_notes/code_measurements.md:
+        K policy memo)."""
         if self.rounds - self.memo_round >= self.probe_every:
             self.memo.clear()
             self.memo_round = self.rounds

@@ -78,7 +78,8 @@ def resolve_device(device: str) -> torch.device:
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
-        # bf16 GEMV is ~3x slower than fp32 on the CPUs here; on a GPU it halves the bytes moved.
+        # bf16 halves the bytes a GPU moves, but its GEMV is slower than fp32's on the CPUs we measured
+        # (docs/lab_notes/code_measurements.md: bf16 on CPUs).
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise UserInputError(f"dtype '{dtype}' is not a torch dtype; allowed: auto, float32, bfloat16, float16")
@@ -151,7 +152,9 @@ def first_layers(target: LoadedModel, n_layers: int) -> LoadedModel:
     config.num_hidden_layers = n_layers
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:n_layers]
-    with torch.device("meta"):  # no random initialisation of weights that are assigned next (~0.6 s for SmolLM2)
+    # On the meta device, because a random initialisation of weights that are assigned next is wasted time
+    # (docs/lab_notes/code_measurements.md: meta-device drafts).
+    with torch.device("meta"):
         draft = AutoModelForCausalLM.from_config(config, dtype=target.model.dtype)
     weights, buffers = target.model.state_dict(), dict(target.model.named_buffers())
     draft.load_state_dict({name: weights[name] for name in draft.state_dict()}, assign=True)

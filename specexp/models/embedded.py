@@ -63,10 +63,11 @@ _GGUF_NAMES_SWAPPED = threading.Lock()  # held while gguf_parsed_once has them s
 @contextmanager
 def gguf_parsed_once() -> Iterator[None]:
     """Within it, transformers' GGUF loading parses a file once and names its tensors once per shape.
-    Its config, tokenizer and model loads each parse the whole file again (~3.6 s for SmolLM2's 49k-token
-    vocabulary on a Zen 5 core), and it builds gguf's tensor-name table anew for each of the model's
-    modules (397 x 13 ms). transformers imports both names from `gguf` at call time, so swapping the
-    module's attributes reaches it; a reader is read-only (mode "r"), so sharing one changes nothing.
+    Its config, tokenizer and model loads each parse the whole file again, and it builds gguf's tensor-name
+    table anew for each of the model's modules, slow work worth doing once
+    (docs/lab_notes/code_measurements.md: GGUF parsing). transformers imports both names from `gguf` at
+    call time, so swapping the module's attributes reaches it; a reader is read-only (mode "r"), so
+    sharing one changes nothing.
     Conversions in one process take turns, so each puts back what it found."""
     import gguf
 
@@ -81,7 +82,8 @@ def gguf_parsed_once() -> Iterator[None]:
 
 
 def convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
-    """De-quantize a GGUF checkpoint once into an HF folder (loads in <1 s instead of ~16 s)."""
+    """De-quantize a GGUF checkpoint once into an HF folder, because loading the folder is much quicker than
+    loading the GGUF (docs/lab_notes/code_measurements.md: GGUF conversion)."""
     with gguf_parsed_once():
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)

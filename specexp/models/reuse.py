@@ -15,8 +15,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 T = TypeVar("T")
 
 
-# A sweep's jobs run in one process and load the same target (and model drafts) again and again
-# (~3 s for Gemma-3-270M on a CPU, mostly parsing its 262k-token tokenizer): a small local model is
+# A sweep's jobs run in one process and load the same target (and model drafts) again and again, and a
+# load is slow (docs/lab_notes/code_measurements.md: reloading a sweep's target), so a small local model is
 # kept with its tokenizer, and each load gets its own module tree over the kept weight tensors, so
 # what a job does to its modules (fused projections, int8 layers, a replaced head) never reaches the
 # next job. The tokenizer is shared as it is: nothing in specexp changes a loaded tokenizer.
@@ -83,11 +83,11 @@ def keep_for_reuse(key: tuple | None, model: PreTrainedModel,
 
 def derived_from_kept(what: str, sources: list[torch.Tensor], derive: Callable[[], T]) -> T:
     """``derive()``, tensors made from ``sources`` and never written into: made once while the sources
-    are a kept load's own tensors (the next job's modules read the same ones, so it gets the first job's
-    result; the lean runtime's fused projections are ~280 MB per SmolLM2 job, most of what a sweep's
-    jobs wrote to fresh memory; a draft's int8 weights), and afresh for any others. Kept as long as
-    the load is; made as plain tensors whatever mode the first job ran in (an inference tensor would
-    fail a later job that trains)."""
+    are a kept load's own tensors, and afresh for any others. The next job's modules read the same sources,
+    so it gets the first job's result instead of writing its own copy to fresh memory (the lean runtime's
+    fused projections, a draft's int8 weights;
+    docs/lab_notes/code_measurements.md: fused projections' memory). Kept as long as the load is; made as
+    plain tensors whatever mode the first job ran in (an inference tensor would fail a later job that trains)."""
     identities = tuple(map(tensor_identity, sources))
     for kept in _reused.values():
         if kept.weights.issuperset(identities):

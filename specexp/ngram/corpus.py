@@ -21,8 +21,8 @@ from specexp.output import short_hash
 
 def map_fingerprint(dataset: datasets.Dataset, *key: object) -> str:
     """The fingerprint a `Dataset.map` result gets: its input's and what the transform depends on.
-    Given to `map`, it spares `datasets` hashing the transform, which pickles every model the
-    function closes over (~2 s for the 135M default target, per map)."""
+    Given to `map`, it spares `datasets` hashing the transform, which is slow because it pickles every
+    model the function closes over (docs/lab_notes/code_measurements.md: map fingerprints)."""
     return short_hash([dataset._fingerprint, *key])
 
 

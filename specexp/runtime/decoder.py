@@ -3,12 +3,13 @@ modules, without transformers' per-call plumbing.
 
 A step of SmolLM2-135M through ``LlamaForCausalLM.__call__`` spends a large share of its time
 outside the products (4-D mask construction, kwargs routing through decorated modules, output
-records) against an 11 ms weight-reading floor on a 2-core CPU. This forward calls the model's
-own embedding, norms, rotary embedding, output projections, MLP activation and LM head, and does
-the rest itself: one GEMM for q/k/v and one for gate/up (`fuse_projections`: the original
-weights become views of the fused ones, so a model holds each weight once and transformers'
-forward still works on it; a kept load's fused weights serve every later load of it), one SDPA
-call per layer, and the cache's ``update`` (a `core.kv.StaticRaggedKV` or a transformers Cache).
+records), beside the time its weights take to read (docs/lab_notes/code_measurements.md: the lean
+decoder's floor). This forward calls the model's own embedding, norms, rotary embedding, output
+projections, MLP activation and LM head, and does the rest itself: one GEMM for q/k/v and one for
+gate/up (`fuse_projections`: the original weights become views of the fused ones, so a model holds
+each weight once and transformers' forward still works on it; a kept load's fused weights serve
+every later load of it), one SDPA call per layer, and the cache's ``update`` (a
+`core.kv.StaticRaggedKV` or a transformers Cache).
 
 It is split at any layer (early exit runs layers [0, L) as a draft and [L, N) to verify, over
 one shared cache) and taps chosen layers' hidden states (drafts that read the target's
@@ -94,8 +95,8 @@ def fuse_linears(linears: list[nn.Linear]) -> nn.Linear:
     weights = [lin.weight for lin in linears]
     weight = derived_from_kept("fused", weights, lambda: torch.cat(weights))  # [sum(out), in]
     has_bias = linears[0].bias is not None
-    # on the meta device: a random initialisation of the fused weight, only to replace it, cost
-    # about a second per model load
+    # On the meta device, because a random initialisation of the fused weight, only to replace it, slows every
+    # model load (docs/lab_notes/code_measurements.md: fused weights on the meta device).
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device="meta")
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if has_bias:

@@ -100,9 +100,9 @@ def fusion_pays(decoder: LeanDecoder, rows: list[int], repeats: int = 5,
                 clock: Callable[[], float] = time.perf_counter) -> bool:
     """Whether the decoder's pass is faster with one GEMM for q/k/v and one for gate/up than with
     the separate products, timed in context: a pass over each row count's tokens after a 32-token
-    prompt, fused and separate taking turns, medians summed. (Per-shape timings in isolation
-    are too close and too noisy here to decide it: 60 vs 82 us for q/k/v at 1 row, 172 vs 173
-    for gate/up.)"""
+    prompt, fused and separate taking turns, medians summed. It is timed in context because per-shape
+    timings in isolation are too close and too noisy to decide it (docs/lab_notes/code_measurements.md:
+    fusion timed in context)."""
     if not decoder.fused:
         return False  # nothing was fusable (int8 and fp32 projections mixed)
     vocab_size = decoder.config.get_text_config().vocab_size

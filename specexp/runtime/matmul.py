@@ -1,12 +1,10 @@
 """Per-shape matmul plans: for each weight shape and each row count a run will use, time the
 ways of writing x W^T on this machine once, keep the fastest, cache the choice per machine.
 
-Why: the same product runs at very different speeds depending on how it is written and how
-many rows x has. Measured on a 2-core AMD EPYC Zen 5 (AVX-512), the lm head's [49152 x 576]
-weights read cold: `F.linear` takes 6.2 ms for 1 row, 13.1 for 2 and 11.4 for 5, while
-`(W @ x.T).T` takes 2.9 ms for 2 rows and 3.6 for 5, and 2.9 for 1 row padded to 2. Which
-formulation wins depends on the CPU, the shape and the row count, so it is measured, not
-assumed. Every formulation computes the same product (equal within rounding).
+The fastest way of writing a product is measured on each machine, not assumed, because it
+depends on the CPU, the weight's shape and the row count, and the ways differ widely
+(docs/lab_notes/code_measurements.md: matmul formulations). Every formulation computes the same
+product (equal within rounding).
 """
 
 import json
@@ -31,9 +29,8 @@ def _w_xt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _w_xt_pad(x: torch.Tensor, w: torch.Tensor, multiple: int = 0) -> torch.Tensor:
-    """Zero rows appended: one (``multiple`` 0), or up to a multiple of ``multiple``. Some BLAS
-    kernels are much faster for more rows: on a Zen 5 core, [3072 x 576] weights take 421 us
-    for 1 row and 177 for 2, 198 for 3 and 163 for 4, 684 for 12 and 526 for 16."""
+    """Zero rows appended: one (``multiple`` 0), or up to a multiple of ``multiple``, because some BLAS
+    kernels are faster for more rows than for fewer (docs/lab_notes/code_measurements.md: padding rows)."""
     m = x.shape[0]
     extra = -m % multiple if multiple else 1
     if extra == 0:
@@ -108,8 +105,8 @@ def time_formulations(weight: torch.Tensor, rows: int, repeats: int = 7, copies:
     ``weight``'s shape, read cold (the calls cycle through ``copies``, default ``cold_copies(weight)``).
     The candidates take turns, so drift on a shared machine hits them alike. After ``screen`` turns a
     candidate whose fastest call took over ``margin`` times the best median is out (and not in the
-    answer): it could only win the final medians by a fluke, and the slow candidates are where the
-    time went (the lm head's [49152 x 576] at 1 row: padding to 16 rows takes 4x the best)."""
+    answer), because it could only win the final medians by a fluke and the slow candidates are where
+    the time went (docs/lab_notes/code_measurements.md: screening formulations)."""
     g = torch.Generator(device=weight.device).manual_seed(0)
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device, generator=g)
     copies = copies or cold_copies(weight)

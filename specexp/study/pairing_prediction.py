@@ -17,8 +17,9 @@ from specexp.study.references import continuations
 from specexp.study.replay import ReplayedRounds, acceptance_curve, alpha, replay, teacher_forced
 from specexp.study.run import Study, prepare
 
-# Prompts replayed together: a draft's step costs about the same for 8 rows as for 1 on a CPU (its
-# weights are read once a step either way); p of every position is held for them under sampling.
+# Prompts are replayed together because a draft's step reads its weights once whatever its rows, so more
+# rows cost little on a CPU (docs/lab_notes/code_measurements.md: replayed rows); p of every position is held
+# for them under sampling.
 REPLAY_ROWS = 8
 
 

@@ -278,8 +278,9 @@ def time_batch(study: Study, n: int, indices: list[int], repeat: int,
 
 
 def warm_up(study: Study, batches: list[list[int]]) -> None:
-    """First calls allocate and pick kernels: the compiled graphs, then both arms on the first batch's own
-    shapes, untimed, without the K policy (the draft proposes its most; the policy's counts start clean)."""
+    """Compile the graphs, then decode with both arms on the first batch's own shapes, untimed and without
+    the K policy (the draft proposes its most), because first calls allocate and pick kernels and the
+    policy's counts must start clean."""
     warm_graphs(study, batches)
     for with_draft in (False, True):
         decode(study, batches[0], with_draft, study.seed, min(study.max_new_tokens, WARMUP_TOKENS), None)

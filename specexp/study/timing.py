@@ -4,10 +4,10 @@ within `timing.max_repeats` and `timing.budget_s`.
 
 A pass times every batch twice in each arm, in the order A B B A (the arm that leads alternating by
 batch): each arm runs first and second equally often in every batch, so an order effect (the second
-decode of a pair runs 1.5-2.7% faster here) cancels for any number of batches, and linear drift
-within the four decodes cancels too. The first pass also records what was decoded (tokens,
-acceptance); every other decode repeats the same work for its timings only: the same prompts,
-seeds and K-policy state, so identical work is timed again.
+decode of a pair runs faster; docs/lab_notes/code_measurements.md: order effect) cancels for any
+number of batches, and linear drift within the four decodes cancels too. The first pass also records
+what was decoded (tokens, acceptance); every other decode repeats the same work for its timings only:
+the same prompts, seeds and K-policy state, so identical work is timed again.
 
 The passes after the pilot are planned from the pilot alone and then all timed: Stein's two-stage
 design. Looking at the interval after every pass and stopping once it looked narrow would stop

@@ -7,11 +7,10 @@ caches: int8 weights are a quarter of fp32's bytes.
 
 Weight-only int8 (one scale per output channel) with bf16 activations runs on PyTorch's
 ``_weight_int8pack_mm`` CPU kernel (the one torchao's int8 weight-only layout dispatches to).
-Measured on MT-bench with the distilled draft (docs/lab_notes/draft_quantize.md): greedy agreement
-with the target unchanged, c down by a fifth (0.103 -> 0.081 of an AR step). Dynamic int8
-(activations quantized too, torch.ao's ``quantize_dynamic``) is faster still but cost 6 points
-of agreement (the layers' activation outliers), and torchao's int8 configs ran slower than fp32
-in eager mode here.
+It was chosen over dynamic int8 (activations quantized too, torch.ao's ``quantize_dynamic``, which
+loses agreement to the layers' activation outliers) and torchao's eager int8 configs because it
+made the distilled draft's step cheaper without moving its agreement with the target
+(docs/lab_notes/draft_quantize.md; docs/lab_notes/code_measurements.md: int8 drafts).
 """
 
 import copy
