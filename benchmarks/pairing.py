@@ -66,7 +66,7 @@ def cell(target: str, draft: str, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as out:
         measured = run_from_config(cfg, Path(out))
     study_s = time.perf_counter() - started
-    return {"target": target, "draft": draft, "best_k": best_k, "k": compared["k"], "study_k": measured["k"],
+    return {"target": target, "draft": draft, "best_k": best_k, "k": compared["k"], "study_k": measured["k_max"],
             "predicted_verified": compared["mean_k"], "verified": measured["nodes_per_pass"],
             "predicted_alpha": compared["predicted_alpha"], "alpha": measured["alpha"],
             "alpha_ci95": measured.get("alpha_ci95"), "predicted_speedup": compared["predicted_speedup"],

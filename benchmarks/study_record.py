@@ -22,6 +22,7 @@ from common import report_header, write_report
 from omegaconf import OmegaConf
 
 from specexp.study.intervals import fmt_interval, paired_timings
+from specexp.study.summary import k_max_of
 
 
 def number(value: float | None) -> str:
@@ -49,7 +50,8 @@ def job_lines(job: Path, reference: float | None = None) -> list[str]:
                   else "**outside**")
         speedup += f": {reference:.2f} {inside} the interval"
     lines = [f"## {job.name}", "", f"- overrides: `{overrides(job) or '(none)'}`",
-             f"- draft {summary['draft']}, K {summary['k']} ({summary['k_policy']}), mean K {summary['mean_k']:.2f}, "
+             f"- draft {summary['draft']}, K {k_max_of(summary)} ({summary['k_policy']}), "
+             f"mean K {summary['mean_k']:.2f}, "
              f"greedy identical {summary['greedy_match']}, {units.get('prompts')} prompts in "
              f"{units.get('batches')} batches",
              f"- {speedup}; predicted {number(summary.get('predicted_speedup'))}",

@@ -10,10 +10,10 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from specexp.cli import fail, remove_run_folder, user_error
-from specexp.configs import answer_help, check_command_line, hydra_arguments, missing_value
+from specexp.configs import answer_help, check_command_line, is_multirun, missing_value
 from specexp.errors import DraftDoesNotApply, UserInputError
 from specexp.paths import CONFIG_DIR
 
@@ -67,7 +67,7 @@ def check_before_hydra(argv: list[str]) -> None:
     answer_help("config", argv)
     try:
         cfg = check_command_line("config", argv)
-        if cfg is not None and not hydra_arguments(argv).multirun and not OmegaConf.missing_keys(cfg):
+        if cfg is not None and not is_multirun("config", argv):
             from specexp.study.checks import check_study_config
 
             check_study_config(cfg)

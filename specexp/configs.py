@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from specexp.errors import UserInputError
 from specexp.paths import CONFIG_DIR
@@ -183,11 +183,35 @@ def check_command_line(config_name: str, argv: list[str]) -> DictConfig | None:
         return None
     args = hydra_arguments(argv)
     config_dirs = tuple(user_config_dirs(argv))
-    if (message := unknown_choice(args.overrides, config_name) or unknown_choice(
-            [f"--config-dir={d}" for d in config_dirs] + args.overrides, config_name)) is not None:
+    if (message := unknown_choice([f"--config-dir={d}" for d in config_dirs] + args.overrides,
+                                  config_name)) is not None:
         raise UserInputError(message)
-    return compose_checked(config_name, first_of_sweeps(args.overrides) if args.multirun else args.overrides,
-                           config_dirs=config_dirs)
+    if args.multirun or not has_sweeps(args.overrides):
+        return compose_checked(config_name, first_of_sweeps(args.overrides), config_dirs=config_dirs)
+    # a sweep without -m is a multirun only where the config itself says so (an experiment's hydra.mode)
+    cfg = compose_checked(config_name, first_of_sweeps(args.overrides), config_dirs=config_dirs, with_hydra=True)
+    if str(cfg.hydra.mode) != "RunMode.MULTIRUN":
+        return compose_checked(config_name, args.overrides, config_dirs=config_dirs)  # Hydra's words, one line
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def has_sweeps(overrides: list[str]) -> bool:
+    """Whether any override sweeps (a,b / choice / range / glob / an interval)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides))
+
+
+def is_multirun(config_name: str, argv: list[str]) -> bool:
+    """Whether the command line runs a sweep: -m, or a config (an experiment) that sets hydra.mode MULTIRUN."""
+    args = hydra_arguments(argv)
+    if args.multirun:
+        return True
+    cfg = compose_checked(config_name, first_of_sweeps(args.overrides), config_dirs=tuple(user_config_dirs(argv)),
+                          with_hydra=True)
+    return str(cfg.hydra.mode) == "RunMode.MULTIRUN"
 
 
 def compose_checked(config_name: str, overrides: list[str], command: str | None = None,

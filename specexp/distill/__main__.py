@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from specexp.cli import fail, one_line_errors
-from specexp.configs import answer_help, check_command_line, hydra_arguments
+from specexp.configs import answer_help, check_command_line, is_multirun
 from specexp.distill.data import (
     DistillDataModule,
     cached_dataset,
@@ -162,7 +162,7 @@ def check_before_hydra(argv: list[str]) -> None:
     answer_help("distill", argv)
     try:
         cfg = check_command_line("distill", argv)
-        if cfg is not None and not hydra_arguments(argv).multirun:
+        if cfg is not None and not is_multirun("distill", argv):
             check_distill_config(cfg)
     except UserInputError as error:
         fail(error)

@@ -224,7 +224,7 @@ def test_sampled_references_are_written_once_per_target_and_shared_by_its_drafts
     the second draft's call generates nothing and gets the first's, token for token."""
     from types import SimpleNamespace
 
-    from specexp.study import prediction as pairing
+    from specexp.study import pairing_prediction as pairing
     from specexp.study import references
 
     study = SimpleNamespace(forward=target.model, target=SimpleNamespace(name=f"tiny-{id(target)}", model=target.model,

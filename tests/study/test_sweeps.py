@@ -124,7 +124,7 @@ def test_smoke_k_sweep_runs_collects_and_plots(smoke_k_sweep, tmp_path):
         assert len(repriced[name]) == 15 and repriced[name]["predicted"].notna().all()
     assert repriced["flat"]["predicted_own"].notna().all()
     assert (repriced["flat"]["predicted"] >= repriced["measured"]["predicted"] * 0.999).all()
-    assert (tmp_path / "flat" / "predict.pdf").exists()
+    assert (tmp_path / "flat" / "reprice.pdf").exists()
 
 
 @pytest.mark.default_target
