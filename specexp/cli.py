@@ -35,11 +35,18 @@ class CommandParser(argparse.ArgumentParser):
         fail(f"{message} ({self.prog} --help)")
 
 
+def existing_path(text: str) -> Path:
+    """A command's input path, refused in one line (through the parser) when it is not there."""
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"'{text}' does not exist")
+    return Path(text)
+
+
 def sweep_parser(prog: str, description: str, out_help: str) -> CommandParser:
     """The options of a command that reads finished jobs (collect, figures, predict): their folders,
     and where its output goes."""
     parser = CommandParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="sweep folders (multirun/NAME) or run folders")
+    parser.add_argument("paths", nargs="+", type=existing_path, help="sweep folders (multirun/NAME) or run folders")
     parser.add_argument("--out", type=Path, default=None, help=out_help)
     return parser
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specexp.cli import fail, sweep_parser
+from specexp.cli import fail, sweep_parser, writable_place
 from specexp.costs.hardware_profile import Profile
 from specexp.output import markdown_table
 from specexp.reporting.figure_tables import study_jobs
@@ -28,8 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if not args.profile.is_file():
         fail(f"--profile '{args.profile}' is not a file; python -m specexp.profile --out FILE writes one")
-    if missing := [str(p) for p in args.paths if not p.exists()]:
-        fail(f"'{missing[0]}' does not exist")
+    writable_place(args.out, "--out")
     jobs = study_jobs(args.paths)
     if jobs.empty:
         fail(f"no finished study jobs under {', '.join(map(str, args.paths))}")

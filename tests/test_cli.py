@@ -91,6 +91,8 @@ BAD_INPUTS = {
                          "'student' is not a config group of python -m specexp; its groups: target"),
     "sweep_without_multirun": (["draft.k=1,2"], "Ambiguous value for argument 'draft.k=1,2'"),
     "k_not_integer": (["draft.k=1.5"], "draft.k=1.5 is not allowed; give an integer >= 1"),
+    "cfg_job_checks_values": (["--cfg", "job", "draft.k=-1"], "draft.k=-1 is not allowed"),
+    "unknown_k_policy": (["draft.k=sometimes"], "draft.k=sometimes is not allowed; give an integer >= 1"),
 }
 
 
@@ -219,6 +221,8 @@ OTHER_COMMANDS_BAD_INPUTS = {
     "collect_out_in_no_folder": ("specexp.collect", ["{sweep}", "--out", "{missing}/x"],
                                  "the folder {missing} does not exist"),
     "figures_of_nothing": ("specexp.figures", ["{empty}"], "nothing to plot under {empty}"),
+    "reprice_of_a_missing_sweep": ("specexp.reprice", ["{missing}", "--profile", "{missing}/p.json"],
+                                   "argument paths: '{missing}' does not exist"),
 }
 
 
@@ -230,8 +234,8 @@ def test_every_command_answers_bad_input_in_one_line_and_writes_nothing(tmp_path
     places = {"sweep": sweep, "empty": empty, "missing": tmp_path / "missing"}
     before = {p for p in tmp_path.rglob("*")}
     calls = {case: (module, [a.format(**places) for a in args] + (
-        [f"hydra.run.dir={tmp_path / case}", f"hydra.sweep.dir={tmp_path / case}"] if "collect" not in module
-        and "figures" not in module else [])) for case, (module, args, _) in OTHER_COMMANDS_BAD_INPUTS.items()}
+        [f"hydra.run.dir={tmp_path / case}", f"hydra.sweep.dir={tmp_path / case}"]
+        if module in ("specexp", "specexp.distill") else [])) for case, (module, args, _) in OTHER_COMMANDS_BAD_INPUTS.items()}
     for case, out in run_each(calls).items():
         expected = OTHER_COMMANDS_BAD_INPUTS[case][2].format(**places)
         error_lines = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
