@@ -233,9 +233,11 @@ def test_every_command_answers_bad_input_in_one_line_and_writes_nothing(tmp_path
     empty.mkdir()
     places = {"sweep": sweep, "empty": empty, "missing": tmp_path / "missing"}
     before = {p for p in tmp_path.rglob("*")}
-    calls = {case: (module, [a.format(**places) for a in args] + (
-        [f"hydra.run.dir={tmp_path / case}", f"hydra.sweep.dir={tmp_path / case}"]
-        if module in ("specexp", "specexp.distill") else [])) for case, (module, args, _) in OTHER_COMMANDS_BAD_INPUTS.items()}
+    calls = {}
+    for case, (module, args, _) in OTHER_COMMANDS_BAD_INPUTS.items():
+        run_dirs = [f"hydra.run.dir={tmp_path / case}", f"hydra.sweep.dir={tmp_path / case}"]
+        calls[case] = (module, [a.format(**places) for a in args] + (
+            run_dirs if module in ("specexp", "specexp.distill") else []))
     for case, out in run_each(calls).items():
         expected = OTHER_COMMANDS_BAD_INPUTS[case][2].format(**places)
         error_lines = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
