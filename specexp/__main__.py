@@ -13,7 +13,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from specexp.cli import fail, remove_run_folder, user_error
-from specexp.configs import answer_help, check_command_line, is_multirun, missing_value
+from specexp.configs import check_before_hydra, missing_value
 from specexp.errors import DraftDoesNotApply, UserInputError
 from specexp.paths import CONFIG_DIR
 
@@ -62,19 +62,12 @@ def main(cfg: DictConfig) -> float | None:
     return summary["speedup"]  # what a sweeper optimises
 
 
-def check_before_hydra(argv: list[str]) -> None:
-    """Bad overrides, and in a single run bad values, end the command before Hydra writes a run folder."""
-    answer_help("config", argv)
-    try:
-        cfg = check_command_line("config", argv)
-        if cfg is not None and not is_multirun("config", argv):
-            from specexp.study.checks import check_study_config
+def check_study_values(cfg: DictConfig) -> None:
+    from specexp.study.checks import check_study_config  # torch's import: only once the overrides compose
 
-            check_study_config(cfg)
-    except UserInputError as error:
-        fail(error)
+    check_study_config(cfg)
 
 
 if __name__ == "__main__":
-    check_before_hydra(sys.argv[1:])
+    check_before_hydra("config", sys.argv[1:], check_study_values)
     main()

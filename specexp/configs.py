@@ -5,11 +5,13 @@ line naming the value and what is allowed. Also each command's own groups, exper
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from specexp.cli import fail
 from specexp.errors import UserInputError
 from specexp.paths import CONFIG_DIR
 
@@ -261,3 +263,26 @@ def answer_help(config_name: str, argv: list[str]) -> None:
     if "--help" in argv or "-h" in argv:
         print(help_page(config_name))
         sys.exit(0)
+
+
+def unset_keys(cfg: DictConfig) -> list[str]:
+    """The keys whose value is required and unset (``???``), read without resolving interpolations (Hydra's own
+    resolve only inside a running app)."""
+    def walk(node, prefix: str) -> list[str]:
+        if isinstance(node, dict):
+            return [key for name, value in node.items() for key in walk(value, f"{prefix}{name}.")]
+        return [prefix.rstrip(".")] if node == "???" else []
+
+    return walk(OmegaConf.to_container(cfg, resolve=False), "")
+
+
+def check_before_hydra(config_name: str, argv: list[str], check_values: Callable[[DictConfig], None]) -> None:
+    """A command's --help answered, and bad overrides (in a single run also bad values, by ``check_values``)
+    ended in one line, before Hydra writes a run folder."""
+    answer_help(config_name, argv)
+    try:
+        cfg = check_command_line(config_name, argv)
+        if cfg is not None and not unset_keys(cfg) and not is_multirun(config_name, argv):
+            check_values(cfg)  # a required value left unset is answered by the command first, before its imports
+    except UserInputError as error:
+        fail(error)

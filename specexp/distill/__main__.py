@@ -19,8 +19,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from specexp.cli import fail, one_line_errors
-from specexp.configs import answer_help, check_command_line, is_multirun
+from specexp.cli import one_line_errors
+from specexp.configs import check_before_hydra
 from specexp.distill.data import (
     DistillDataModule,
     cached_dataset,
@@ -157,17 +157,6 @@ def check_distill_config(cfg: DictConfig) -> None:
         raise UserInputError(f"ckpt_path '{cfg.ckpt_path}' does not exist; give a .ckpt file, 'last' or null")
 
 
-def check_before_hydra(argv: list[str]) -> None:
-    """Bad overrides, and in a single run bad values, end the command before Hydra writes a run folder."""
-    answer_help("distill", argv)
-    try:
-        cfg = check_command_line("distill", argv)
-        if cfg is not None and not is_multirun("distill", argv):
-            check_distill_config(cfg)
-    except UserInputError as error:
-        fail(error)
-
-
 if __name__ == "__main__":
-    check_before_hydra(sys.argv[1:])
+    check_before_hydra("distill", sys.argv[1:], check_distill_config)
     main()
