@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from specexp.cli import fail
@@ -38,7 +37,7 @@ def user_config_dirs(args: list[str]) -> list[str]:
 
 def defaults_groups(path: Path) -> list[str]:
     """The groups a config file's defaults list names (``- draft: x``, ``- override /draft: x``)."""
-    defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
+    defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []
     entries = [next(iter(d)) for d in defaults if isinstance(d, dict)]
     return [e.removeprefix("override").strip().lstrip("/").partition("@")[0] for e in entries]
 
@@ -248,7 +247,7 @@ def help_page(config_name: str) -> str:
 
 def yaml_value(value) -> str:
     """A scalar as a YAML override writes it (null, true, 0.5, text)."""
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    return OmegaConf.to_yaml(OmegaConf.create({"v": value})).strip().removeprefix("v:").strip()
 
 
 def wrap(text: str, width: int = 100) -> list[str]:
