@@ -5,6 +5,7 @@ line naming the value and what is allowed. Also each command's own groups, exper
 
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,14 +68,16 @@ def command_experiments(config_name: str, config_dirs: tuple[str, ...] = ()) -> 
     return [e for e in group_options("experiment", config_dirs) if experiment_command(e, config_dirs) == config_name]
 
 
-def unknown_choice(args: list[str], config_name: str = "config") -> str | None:
+def unknown_choice(args: list[str], config_name: str = "config",
+                   config_dirs: tuple[str, ...] | None = None) -> str | None:
     """One-line error for a ``group=option`` override naming an option that has no config file, an
     experiment of another command, or a group the command does not compose.
 
     Hydra reports the same over a dozen lines; this names the bad value and the allowed ones.
-    Sweep expressions (``choice(...)``, ``range(...)``) are left to Hydra.
+    Sweep expressions (``choice(...)``, ``range(...)``) are left to Hydra. ``config_dirs``: the user's config
+    folders (default: those the overrides add through hydra.searchpath).
     """
-    config_dirs = tuple(user_config_dirs(args))
+    config_dirs = tuple(user_config_dirs(args)) if config_dirs is None else config_dirs
     command, groups = COMMANDS.get(config_name, config_name), command_groups(config_name)
     for arg in args:
         group, sep, value = arg.partition("=")
@@ -177,42 +180,24 @@ def hydra_arguments(argv: list[str]):
     return get_args_parser().parse_args(argv)
 
 
-def check_command_line(config_name: str, argv: list[str]) -> DictConfig | None:
-    """The command's config composed from ``argv`` before Hydra runs it (a multirun: its first job's), or None
-    for a help or info page; a bad override raises UserInputError with one line."""
+def check_command_line(config_name: str, argv: list[str]) -> tuple[DictConfig, bool] | None:
+    """The command's config composed once from ``argv`` before Hydra runs it (a multirun: its first job's) and
+    whether it is a multirun (-m, or a config that sets hydra.mode MULTIRUN, as an experiment may); None for a
+    help or info page. A bad override raises UserInputError with one line."""
     if any(flag in argv for flag in HELP_FLAGS):
         return None
     args = hydra_arguments(argv)
     config_dirs = tuple(user_config_dirs(argv))
-    if (message := unknown_choice([f"--config-dir={d}" for d in config_dirs] + args.overrides,
-                                  config_name)) is not None:
+    if (message := unknown_choice(args.overrides, config_name, config_dirs)) is not None:
         raise UserInputError(message)
-    if args.multirun or not has_sweeps(args.overrides):
-        return compose_checked(config_name, first_of_sweeps(args.overrides), config_dirs=config_dirs)
-    # a sweep without -m is a multirun only where the config itself says so (an experiment's hydra.mode)
-    cfg = compose_checked(config_name, first_of_sweeps(args.overrides), config_dirs=config_dirs, with_hydra=True)
-    if str(cfg.hydra.mode) != "RunMode.MULTIRUN":
-        return compose_checked(config_name, args.overrides, config_dirs=config_dirs)  # Hydra's words, one line
+    first = first_of_sweeps(args.overrides)
+    cfg = compose_checked(config_name, first, config_dirs=config_dirs, with_hydra=True)
+    multirun = args.multirun or str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    if not multirun and first != args.overrides:  # a sweep in a single run: Hydra's words for it, in one line
+        compose_checked(config_name, args.overrides, config_dirs=config_dirs)
     with open_dict(cfg):
         del cfg["hydra"]
-    return cfg
-
-
-def has_sweeps(overrides: list[str]) -> bool:
-    """Whether any override sweeps (a,b / choice / range / glob / an interval)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides))
-
-
-def is_multirun(config_name: str, argv: list[str]) -> bool:
-    """Whether the command line runs a sweep: -m, or a config (an experiment) that sets hydra.mode MULTIRUN."""
-    args = hydra_arguments(argv)
-    if args.multirun:
-        return True
-    cfg = compose_checked(config_name, first_of_sweeps(args.overrides), config_dirs=tuple(user_config_dirs(argv)),
-                          with_hydra=True)
-    return str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    return cfg, multirun
 
 
 def compose_checked(config_name: str, overrides: list[str], command: str | None = None,
@@ -252,8 +237,6 @@ def yaml_value(value) -> str:
 
 def wrap(text: str, width: int = 100) -> list[str]:
     """``text`` in lines of at most ``width`` characters, broken at spaces."""
-    import textwrap
-
     return textwrap.wrap(text, width, break_on_hyphens=False)
 
 
@@ -280,8 +263,9 @@ def check_before_hydra(config_name: str, argv: list[str], check_values: Callable
     ended in one line, before Hydra writes a run folder."""
     answer_help(config_name, argv)
     try:
-        cfg = check_command_line(config_name, argv)
-        if cfg is not None and not unset_keys(cfg) and not is_multirun(config_name, argv):
-            check_values(cfg)  # a required value left unset is answered by the command first, before its imports
+        composed = check_command_line(config_name, argv)
+        # a required value left unset is answered by the command itself, before its imports
+        if composed is not None and not composed[1] and not unset_keys(composed[0]):
+            check_values(composed[0])
     except UserInputError as error:
         fail(error)

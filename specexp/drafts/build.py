@@ -78,10 +78,12 @@ def check_draft_arguments(resolved: DictConfig, name: str) -> None:
             raise UserInputError(f"draft={name} takes no key '{key}'; its keys: {', '.join(['k_max', 'tree', *takes])}")
 
 
-def check_draft_config(draft_cfg: DictConfig) -> None:
+def check_draft_config(draft_cfg: DictConfig) -> str | None:
     """Everything a draft config can be wrong in that needs no model: draft.k, its policy's keys, and keys its
-    constructor does not take (each a UserInputError line)."""
-    check_draft_arguments(resolve_draft_k(draft_cfg)[0], draft_name(draft_cfg))
+    constructor does not take (each a UserInputError line). Returns the K policy draft.k names (None: K fixed)."""
+    resolved, policy = resolve_draft_k(draft_cfg)
+    check_draft_arguments(resolved, draft_name(draft_cfg))
+    return policy
 
 
 def build_draft(draft_cfg: DictConfig, target) -> BuiltDraft:

@@ -4,7 +4,7 @@ take. `prepare` runs it first; `python -m specexp` runs it on the composed confi
 
 from omegaconf import DictConfig
 
-from specexp.drafts.build import check_draft_config, resolve_draft_k
+from specexp.drafts.build import check_draft_config
 from specexp.errors import UserInputError
 from specexp.k_policy import policy_config
 from specexp.models import resolve_device, resolve_dtype
@@ -15,6 +15,5 @@ def check_study_config(cfg: DictConfig) -> None:
         if not isinstance(cfg[key], int) or cfg[key] < 1:
             raise UserInputError(f"{key}={cfg[key]} is not allowed; it must be an integer >= 1")
     resolve_dtype(cfg.dtype, resolve_device(cfg.device))
-    check_draft_config(cfg.draft)
-    if (policy := resolve_draft_k(cfg.draft)[1]) is not None:
+    if (policy := check_draft_config(cfg.draft)) is not None:
         policy_config(policy)  # a K policy's name: one of conf/k_policy/
