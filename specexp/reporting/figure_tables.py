@@ -5,17 +5,13 @@ histories, and the same job table from W&B runs."""
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # files only; no display on clusters or in CI
-
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from specexp.core import metrics  # noqa: E402
-from specexp.costs import cost_model  # noqa: E402
-from specexp.reporting.job_table import collect, validation_history  # noqa: E402
-from specexp.study.summary import arm_metrics  # noqa: E402
+from specexp.core import metrics
+from specexp.costs import cost_model
+from specexp.reporting.job_table import collect, validation_history
+from specexp.study.summary import arm_metrics
 
 
 def study_jobs(paths: list[Path]) -> pd.DataFrame:

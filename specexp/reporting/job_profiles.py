@@ -4,16 +4,12 @@ label in captions, the cost model's speedup curve over K, and the pass-cost rati
 import json
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # files only; no display on clusters or in CI
-
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from specexp.core import metrics  # noqa: E402
-from specexp.costs import cost_model  # noqa: E402
-from specexp.costs.hardware_profile import Profile  # noqa: E402
+from specexp.core import metrics
+from specexp.costs import cost_model
+from specexp.costs.hardware_profile import Profile
 
 
 def job_profile(job_path: str | Path) -> Profile | None:
