@@ -327,7 +327,7 @@ def first_pass(study: Study, batches: list[list[int]], results: JobResults) -> F
 def run_facts(study: Study, answers: list[dict], timing_record: dict) -> RunFacts:
     """What the summary says of the run besides its tables."""
     drafter = study.drafter
-    return RunFacts(k=study.k_max, batches_by_category=study.batch_by_category, profile=study.profile,
+    return RunFacts(k_max=study.k_max, batches_by_category=study.batch_by_category, profile=study.profile,
                     draft_profile=study.draft_profile, draft=study.draft_name, target=study.target.name,
                     k_policy=study.k_setting, n_prompts=len(study.prompts),
                     vocab_overlap=drafter.traits.vocab_overlap if drafter is not None else None,

@@ -154,7 +154,7 @@ def interval_columns(summary: dict) -> dict:
 @dataclass
 class RunFacts:
     """What a run knows besides its round and batch tables; `summarize` puts all of it in the summary."""
-    k: int  # K's maximum: the draft's traits.k_max (0: never asked)
+    k_max: int  # the draft's traits.k_max (0: never asked)
     batches_by_category: bool = True  # batches never mix categories: each category's speedup is timed apart
     profile: Profile | None = None  # this machine's costs, which the prediction is priced with
     draft_profile: str = ""  # the draft's entry in the profile
@@ -171,7 +171,7 @@ class RunFacts:
 def summarize(rounds: pd.DataFrame, batches: pd.DataFrame, facts: RunFacts) -> RunSummary:
     """One run's summary, with 95% intervals (specexp.study.intervals): ``rounds`` is what the first pass
     decoded, ``batches`` every timing (repeats included), ``facts`` the rest."""
-    k, profile, draft = facts.k, facts.profile, facts.draft_profile
+    k, profile, draft = facts.k_max, facts.profile, facts.draft_profile
     spec, ar = metrics.arms(rounds)
     first_pass = batches[batches["repeat"] == 0]  # what the rounds decoded
     first_spec, first_ar = metrics.arms(first_pass)

@@ -48,7 +48,7 @@ def test_summary_of_a_hand_made_run():
     })
     batches = pd.DataFrame({"mode": ["spec", "ar"], "batch": 0, "repeat": 0, "category": "c", "tokens": [6, 6],
                             "total_s": [1.0, 1.5], "prefill_s": [0.1, 0.1]})
-    s = summarize(rounds, batches, RunFacts(k=2)).to_dict()
+    s = summarize(rounds, batches, RunFacts(k_max=2)).to_dict()
     assert s["alpha"] == 3 / 5 and s["tau"] == 2.0
     assert s["acceptance_curve"] == [2 / 3, 1 / 2]
     assert s["speedup"] == pytest.approx(1.5)
@@ -83,14 +83,14 @@ def test_one_arm_metrics_measures_the_run_and_each_category():
     from specexp.study.summary import ArmMetrics, arm_metrics
 
     rounds, batches = two_category_run()
-    s = summarize(rounds, batches, RunFacts(k=2)).to_dict()
+    s = summarize(rounds, batches, RunFacts(k_max=2)).to_dict()
     run = arm_metrics(rounds, batches)
     assert {name: s[name] for name in asdict(run)} == asdict(run)
     assert run.alpha == 5 / 9 and run.tau == 10 / 5 and run.speedup == pytest.approx((10 / 1.8) / (10 / 2.4))
     a = s["per_category"]["a"]
     assert a == asdict(arm_metrics(rounds[rounds["category"] == "a"], batches[batches["category"] == "a"]))
     assert set(a) == {f for f in asdict(ArmMetrics())} and a["alpha"] == 3 / 5 and a["speedup"] == pytest.approx(1.5)
-    mixed = summarize(rounds, batches, RunFacts(k=2, batches_by_category=False)).to_dict()["per_category"]["b"]
+    mixed = summarize(rounds, batches, RunFacts(k_max=2, batches_by_category=False)).to_dict()["per_category"]["b"]
     assert mixed["speedup"] is None and mixed["alpha"] == 2 / 4  # batches that mix categories time no category apart
 
 

@@ -63,7 +63,7 @@ def test_prediction_of_a_hand_made_run():
     })
     batches = pd.DataFrame({"mode": ["spec", "ar"], "batch": 0, "repeat": 0, "category": "c", "tokens": [7, 7],
                             "total_s": [0.9, 0.85], "prefill_s": [0.1, 0.1], "prompt_length": [160, 160]})
-    s = summarize(rounds, batches, RunFacts(k=2, profile=hand_profile(), draft_profile="d")).to_dict()
+    s = summarize(rounds, batches, RunFacts(k_max=2, profile=hand_profile(), draft_profile="d")).to_dict()
     # Curve: a1 = 2/3, a2 = 1/2 -> E[tokens | 2 proposed] = 1 + 2/3 + 1/3 = 2 per round.
     assert s["predicted_tokens_per_round"] == pytest.approx(2.0)
     prefill = 0.125  # interpolated at 160 tokens
