@@ -163,10 +163,25 @@ def test_export_writes_the_speculators_format_with_the_verifier_vllm_loads(targe
     loaded = resolve_head(target, str(tmp_path / "served"))
     for a, b in zip(head_logits(head, target), head_logits(loaded, target), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # --dtype bfloat16 (how the shipped head and vLLM's heads are stored): floating weights cast, the maps kept
+    out = run_module("specexp.export", str(tmp_path / "served"), "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16")
+    assert out.returncode == 0, out.stderr[-2000:]
+    stored = load_file(tmp_path / "bf16" / "model.safetensors")
+    assert {w.dtype for k, w in stored.items() if k not in ("d2t", "t2d")} == {torch.bfloat16}
+    assert torch.equal(stored["d2t"], load_file(tmp_path / "served" / "model.safetensors")["d2t"])
+    layer_config = json.loads((tmp_path / "bf16" / "config.json").read_text())["transformer_layer_config"]
+    assert layer_config["dtype"] == "bfloat16"
+    rounded = resolve_head(target, str(tmp_path / "bf16"))
+    assert "embed_tokens.weight" not in rounded.state_dict()  # the target's, rounded: still shared
+    assert {p.dtype for p in rounded.parameters()} == {target.model.dtype}  # computed in the target's dtype
+    for a, b in zip(head_logits(head, target), head_logits(rounded, target), strict=True):
+        torch.testing.assert_close(a, b, rtol=0.05, atol=0.05)
     for args, error in (([str(tmp_path / "specforge"), "--out", str(tmp_path / "x")], "names no verifier"),
+                        ([str(tmp_path / "served"), "--out", str(tmp_path / "z"), "--dtype", "int8"],
+                         "argument --dtype: invalid choice: 'int8'"),
                         ([str(tmp_path / "nothing"), "--out", str(tmp_path / "y")], "does not exist"),
                         ([str(tmp_path / "specforge"), "--out", str(tmp_path / "served")],
                          "exists; give a new folder")):
         bad = run_module("specexp.export", *args)
         assert bad.returncode == 2 and bad.stderr.startswith("error: ") and error in bad.stderr, bad.stderr
-    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    assert not any((tmp_path / name).exists() for name in ("x", "y", "z"))

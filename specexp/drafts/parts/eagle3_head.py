@@ -194,8 +194,9 @@ class Eagle3Head(EagleSteps):
         vocab = DraftVocab.from_offsets(d2t, target.vocab_size, vocab_fingerprint(target)) if d2t is not None else None
         embedding = found.weights.get("embed_tokens.weight")
         shared = target.model.get_input_embeddings().weight
+        # the target's embedding as stored (a bf16 export of a head that shares it) is the target's: shared
         own = embedding is not None and not (embedding.shape == shared.shape
-                                             and torch.equal(embedding.to(shared), shared))
+                                             and torch.equal(embedding, shared.to(embedding.dtype)))
         head = cls(target, layers, vocab, config, **found.flags, own_embedding=own, verifier=found.verifier)
         expected = set(head.state_dict())
         weights = {k: v for k, v in found.weights.items() if k in expected}  # t2d / d2t of a full vocabulary aside
