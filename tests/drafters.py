@@ -208,9 +208,9 @@ DRAFT_KINDS = {
         target, eagle3_head(target, keep_every=None, norm_before_residual=True, norm_before_fc=True,
                             norm_output=True), k=k),
     "eagle3_published_tree": lambda target, other, k, files: EagleDrafter(target, eagle3_head(target), k=k, branches=2),
-    # a copy of the fitted head with int8 linears (draft.quantize=int8 swaps them in a freshly loaded head)
-    "eagle3_int8": lambda target, other, k, files: EagleDrafter(
-        target, quantize_linears(eagle_head(target, (0, 1, 2), keep_every=2), "int8"), k=k),
+    # a copy of the fitted published head with int8 linears (draft.quantize=int8 swaps them in a freshly loaded head)
+    "eagle3_int8": lambda target, other, k, files: EagleDrafter(target, quantize_linears(eagle3_head(target), "int8"),
+                                                                k=k),
 }
 
 

@@ -42,12 +42,18 @@ def test_a_single_run_of_a_pair_that_does_not_apply_is_a_one_line_error(tmp_path
 
 @pytest.mark.default_target
 def test_the_pairing_command_predicts_every_k_ranks_and_skips_what_does_not_apply(tmp_path):
-    out = run_module("specexp.pairing", "--drafts", "prompt_lookup,smollm2_135m", "--out", str(tmp_path), "size=smoke",
-                     "data.limit=2", "max_new_tokens=16")
+    """Prompt lookup and the shipped EAGLE-3 head (the published architecture, replayed on the target's features)."""
+    out = run_module("specexp.pairing", "--drafts", "prompt_lookup,eagle,smollm2_135m", "--out", str(tmp_path),
+                     "size=smoke", "data.limit=2", "max_new_tokens=16")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "[skipped] target=default draft=smollm2_135m: draft=smollm2_135m is the target" in out.stdout
-    table = pd.read_parquet(tmp_path / "pairing.parquet")
-    assert set(table["draft"]) == {"prompt_lookup"} and table["k"].tolist() == list(range(0, 9))  # K = 0: AR
+    everything = pd.read_parquet(tmp_path / "pairing.parquet")
+    assert set(everything["draft"]) == {"prompt_lookup", "eagle"}
+    head = everything[everything["draft"] == "eagle"]
+    assert head["k"].tolist() == list(range(0, 9)) and head["predicted_speedup"].notna().all()
+    assert 0 < head["predicted_alpha"].iloc[1] <= 1  # a trained head's first tokens are accepted
+    table = everything[everything["draft"] == "prompt_lookup"]
+    assert table["k"].tolist() == list(range(0, 9))  # K = 0: AR
     assert table.loc[table["k"] == 0, "predicted_speedup"].item() == pytest.approx(1.0)
     assert table["predicted_speedup"].notna().all() and (table["predicted_tau"] >= 1).all()
     assert table["is_best_k"].sum() == 1 and 0 <= table["predicted_alpha"].iloc[1] <= 1

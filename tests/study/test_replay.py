@@ -25,9 +25,10 @@ def sharp_target():
 NO_EOS = [10**6]
 CPU = torch.device("cpu")
 # chains that run their own passes (the replay's domain): a model, a lookup, a context-dependent
-# datastore, a draft that stops short, an early exit run naively, and heads reading target features
+# datastore, a draft that stops short, an early exit run naively, and heads reading target features (EAGLE-1,
+# EAGLE-3 as published, Medusa)
 REPLAYED_KINDS = ["disagree", "prompt_lookup", "retrieval+context", "small_lm_confident", "early_exit_naive", "eagle",
-                  "medusa"]
+                  "eagle3_published", "medusa"]
 
 
 @pytest.mark.parametrize(("kind", "k"), [*((kind, 3) for kind in REPLAYED_KINDS), ("disagree", 1),
