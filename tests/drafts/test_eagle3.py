@@ -113,6 +113,22 @@ def test_mismatches_are_one_line_errors_naming_both(target, tmp_path):
         resolve_head(target, str(tmp_path / "plain"))
 
 
+@pytest.mark.default_target
+def test_the_shipped_head_is_the_published_architecture_and_skips_another_target(embedded_target, target):
+    """draft.head=eagle3: a speculators folder for the default target (what vLLM serves), which a pairing
+    sweep skips for a target of another width with one line."""
+    from specexp.drafts.eagle import SHIPPED
+
+    shipped = read_folder(SHIPPED["eagle3"])
+    assert shipped.layout == "speculators" and shipped.verifier["name_or_path"].endswith("SmolLM2-135M-Instruct")
+    assert "embed_tokens.weight" not in shipped.weights  # the target's, shared
+    head = resolve_head(embedded_target, "eagle3")
+    assert type(head) is Eagle3Head and head.hidden_layers == (2, 15, 27) and head.draft_vocab.size == 8192
+    with pytest.raises(DraftDoesNotApply, match="reads hidden states of width 576; target") as error:
+        resolve_head(target, "eagle3")
+    assert "\n" not in str(error.value)
+
+
 def test_a_hub_name_goes_through_huggingface_hub(target, monkeypatch):
     """Offline (as here) a hub name fails in one line saying it could not be fetched."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
