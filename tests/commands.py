@@ -127,3 +127,11 @@ def run_smoke_study(*args: str) -> subprocess.CompletedProcess:
 def run_each(calls: dict[str, tuple[str, list[str]]], timeout: int = 600) -> dict[str, subprocess.CompletedProcess]:
     """``calls``: name -> (MODULE, ARGS); each `python -m MODULE ARGS` run one after another."""
     return {name: run_module(module, *args, timeout=timeout) for name, (module, args) in calls.items()}
+
+
+def run_each_study(folder: Path, args: dict[str, list[str]]) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """``args``: name -> ARGS; each `python -m specexp ARGS` into a run folder of its own under ``folder``,
+    one after another: name -> (its run folder, CompletedProcess)."""
+    runs = {name: folder / str(i) for i, name in enumerate(args)}
+    calls = {name: ("specexp", [*args[name], f"hydra.run.dir={run}"]) for name, run in runs.items()}
+    return {name: (runs[name], out) for name, out in run_each(calls).items()}

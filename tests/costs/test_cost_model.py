@@ -13,7 +13,7 @@ from specexp.costs import cost_model
 from specexp.costs.hardware_profile import Profile
 from specexp.errors import UserInputError
 from specexp.study.summary import RunFacts, summarize
-from tests.commands import REPO, run_each, run_module
+from tests.commands import REPO, run_each_study, run_module
 
 
 def hand_profile(pass_s=(0.1, 0.1, 0.2), overhead_s=0.01, draft_s=(0.005, 0.010), reset_s=0.02) -> Profile:
@@ -237,11 +237,8 @@ BAD_K_SETTINGS = {
 @pytest.fixture(scope="module")
 def bad_k_runs(tmp_path_factory) -> dict:
     """Each BAD_K_SETTINGS study, in one interpreter: override -> (its run folder, CompletedProcess)."""
-    folder = tmp_path_factory.mktemp("bad_k")
-    runs = {override: folder / str(i) for i, override in enumerate(BAD_K_SETTINGS)}
-    calls = {override: ("specexp", ["size=smoke", *override.split(), f"hydra.run.dir={run}"])
-             for override, run in runs.items()}
-    return {override: (runs[override], out) for override, out in run_each(calls).items()}
+    return run_each_study(tmp_path_factory.mktemp("bad_k"),
+                          {override: ["size=smoke", *override.split()] for override in BAD_K_SETTINGS})
 
 
 @pytest.mark.default_target

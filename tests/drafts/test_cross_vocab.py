@@ -29,7 +29,7 @@ from specexp.drafts.cross_vocab import CrossVocabDrafter
 from specexp.drafts.parts.vocab_map import token_bytes, vocab_map
 from specexp.drafts.small_lm import SmallLMDrafter, small_lm_draft
 from specexp.errors import UserInputError
-from tests.commands import SMOKE_STUDY, run_each, run_smoke_study
+from tests.commands import SMOKE_STUDY, run_each_study, run_smoke_study
 from tests.conftest import EOS, tiny_model
 from tests.stats import P_VALUE_THRESHOLD, detectable_tvd, exact_joint, grouped_chi_square
 
@@ -209,12 +209,10 @@ BAD_CROSS_VOCAB = {
 @pytest.fixture(scope="module")
 def bad_cross_vocab_runs(byte_level_draft_folder, tmp_path_factory) -> dict:
     """Each BAD_CROSS_VOCAB smoke study in one interpreter: override -> (its run folder, CompletedProcess)."""
-    folder = tmp_path_factory.mktemp("bad_cross_vocab")
-    runs = {override: folder / str(i) for i, override in enumerate(BAD_CROSS_VOCAB)}
-    calls = {override: ("specexp", [*SMOKE_STUDY, "draft=small_lm", f"draft.model={byte_level_draft_folder}", override,
-                                     "draft.k=2", "profile.enabled=false", f"hydra.run.dir={run}"])
-             for override, run in runs.items()}
-    return {override: (runs[override], out) for override, out in run_each(calls).items()}
+    draft = ["draft=small_lm", f"draft.model={byte_level_draft_folder}"]
+    return run_each_study(tmp_path_factory.mktemp("bad_cross_vocab"),
+                          {override: [*SMOKE_STUDY, *draft, override, "draft.k=2", "profile.enabled=false"]
+                           for override in BAD_CROSS_VOCAB})
 
 
 @pytest.mark.default_target
